@@ -1,0 +1,35 @@
+# SPDX-License-Identifier: GPL-2.0-only
+#
+# dm-qcow2: build the module against KDIR (default: the running kernel's
+# build tree, else the newest installed Debian headers), run the tests.
+
+KVER ?= $(shell uname -r)
+KDIR ?= $(firstword $(wildcard /lib/modules/$(KVER)/build) \
+	$(shell ls -d /usr/src/linux-headers-*-amd64 2>/dev/null | sort -V | tail -n 1))
+
+.PHONY: all modules clean check unit test style sparse w1
+
+all: modules
+
+modules:
+	@test -n "$(KDIR)" || { echo "no kernel build tree: set KDIR or run scripts/deps.sh" >&2; exit 1; }
+	$(MAKE) -C $(KDIR) M=$(CURDIR) modules
+
+# Static checks the kernel community applies
+sparse:
+	$(MAKE) -C $(KDIR) M=$(CURDIR) C=2 modules
+
+w1:
+	$(MAKE) -C $(KDIR) M=$(CURDIR) W=1 modules
+
+clean:
+	$(MAKE) -C $(KDIR) M=$(CURDIR) clean
+	$(MAKE) -C tests/unit clean
+
+# Host unit tests of the format code (no VM)
+unit:
+	$(MAKE) -C tests/unit check
+
+# Everything: unit tests, style, VM tests
+check test:
+	scripts/run-tests

@@ -1,0 +1,297 @@
+// SPDX-License-Identifier: GPL-2.0-only
+/*
+ * dm-qcow2: the metadata cache.
+ *
+ * L2 tables are cached in fixed-size slices (a slice is the smaller of one
+ * cluster and 4 KiB), keyed by their byte offset in the image. The number
+ * of slices is bounded by the cache size given in the table; when the bound
+ * is reached the least recently used unpinned slice is reused.
+ *
+ * A slice is pinned (ref > 0) while it is being loaded or read from. Only
+ * unpinned slices sit on the LRU list, so everything on it may be evicted.
+ * One spinlock protects the hash, the LRU list, reference counts, flags and
+ * statistics; it is never held across I/O or allocation.
+ */
+#include <linux/hash.h>
+#include <linux/log2.h>
+#include <linux/slab.h>
+
+#include "dm-qcow2.h"
+
+enum {
+	SLICE_UPTODATE,		/* data is valid */
+	SLICE_ERROR,		/* load failed; unhashed, freed on last put */
+};
+
+struct qcow2_slice {
+	struct hlist_node hash;
+	struct list_head lru;
+	u64 off;
+	unsigned int ref;
+	unsigned long flags;
+	void *data;
+};
+
+static struct hlist_head *cache_bucket(struct qcow2_cache *c, u64 off)
+{
+	return &c->hash[hash_64(off, c->hash_bits)];
+}
+
+static struct qcow2_slice *cache_find(struct qcow2_cache *c, u64 off)
+{
+	struct qcow2_slice *s;
+
+	hlist_for_each_entry(s, cache_bucket(c, off), hash)
+		if (s->off == off)
+			return s;
+	return NULL;
+}
+
+/* Caller holds c->lock. */
+static void slice_pin(struct qcow2_slice *s)
+{
+	if (!s->ref++)
+		list_del_init(&s->lru);
+}
+
+static void slice_free(struct qcow2_slice *s)
+{
+	kfree(s->data);
+	kfree(s);
+}
+
+static void cache_put(struct qcow2_cache *c, struct qcow2_slice *s)
+{
+	bool release = false;
+
+	spin_lock(&c->lock);
+	if (!--s->ref) {
+		if (test_bit(SLICE_ERROR, &s->flags)) {
+			c->nr_slices--;
+			release = true;
+		} else {
+			list_add_tail(&s->lru, &c->lru);
+		}
+	}
+	spin_unlock(&c->lock);
+	if (release)
+		slice_free(s);
+	/* A loader may be waiting for a slice to become evictable */
+	if (wq_has_sleeper(&c->wait))
+		wake_up_all(&c->wait);
+}
+
+/*
+ * Find memory for one more slice, under c->lock: reuse the least recently
+ * used unpinned slice, or reserve room for a new one below the bound.
+ * Returns the reused slice, NULL with *reserved set, or NULL when the
+ * caller must wait for a slice to be unpinned.
+ */
+static struct qcow2_slice *cache_reclaim(struct qcow2_cache *c,
+					 bool *reserved)
+{
+	struct qcow2_slice *s;
+
+	*reserved = false;
+	if (c->nr_slices < c->max_slices) {
+		c->nr_slices++;
+		*reserved = true;
+		return NULL;
+	}
+	s = list_first_entry_or_null(&c->lru, struct qcow2_slice, lru);
+	if (s) {
+		list_del_init(&s->lru);
+		hlist_del_init(&s->hash);
+		c->evictions++;
+	}
+	return s;
+}
+
+static bool cache_can_reclaim(struct qcow2_cache *c)
+{
+	bool ok;
+
+	spin_lock(&c->lock);
+	ok = c->nr_slices < c->max_slices || !list_empty(&c->lru);
+	spin_unlock(&c->lock);
+	return ok;
+}
+
+static struct qcow2_slice *slice_alloc(struct qcow2_cache *c)
+{
+	struct qcow2_slice *s;
+
+	s = kzalloc(sizeof(*s), GFP_NOIO);
+	if (!s)
+		return NULL;
+	s->data = kmalloc(c->slice_size, GFP_NOIO);
+	if (!s->data) {
+		kfree(s);
+		return NULL;
+	}
+	INIT_LIST_HEAD(&s->lru);
+	INIT_HLIST_NODE(&s->hash);
+	return s;
+}
+
+/* Give back a slice that was obtained for a load that turned out needless */
+static void cache_unreserve(struct qcow2_cache *c, struct qcow2_slice *s)
+{
+	spin_lock(&c->lock);
+	c->nr_slices--;
+	spin_unlock(&c->lock);
+	slice_free(s);
+	wake_up_all(&c->wait);
+}
+
+static struct qcow2_slice *cache_wait_loaded(struct qcow2_cache *c,
+					     struct qcow2_slice *s)
+{
+	wait_event(c->wait, s->flags & (BIT(SLICE_UPTODATE) | BIT(SLICE_ERROR)));
+	if (test_bit(SLICE_ERROR, &s->flags)) {
+		cache_put(c, s);
+		return ERR_PTR(-EIO);
+	}
+	return s;
+}
+
+static struct qcow2_slice *cache_load(struct qcow2_cache *c,
+				      struct qcow2_slice *s)
+{
+	int r;
+
+	r = qcow2_io_read_meta(c->io, s->data, c->slice_size, s->off);
+	spin_lock(&c->lock);
+	if (r) {
+		set_bit(SLICE_ERROR, &s->flags);
+		hlist_del_init(&s->hash);	/* the next lookup retries */
+	} else {
+		set_bit(SLICE_UPTODATE, &s->flags);
+	}
+	spin_unlock(&c->lock);
+	wake_up_all(&c->wait);
+	if (r) {
+		cache_put(c, s);
+		return ERR_PTR(r);
+	}
+	return s;
+}
+
+/*
+ * Return the slice at @off pinned and up to date, reading it if needed.
+ * May sleep: only called from workers.
+ */
+static struct qcow2_slice *cache_get(struct qcow2_cache *c, u64 off)
+{
+	struct qcow2_slice *s, *fresh = NULL;
+	bool reserved;
+
+	for (;;) {
+		spin_lock(&c->lock);
+		s = cache_find(c, off);
+		if (s) {
+			slice_pin(s);
+			if (test_bit(SLICE_UPTODATE, &s->flags))
+				c->hits++;
+			spin_unlock(&c->lock);
+			if (fresh)
+				cache_unreserve(c, fresh);
+			return cache_wait_loaded(c, s);
+		}
+		if (fresh)
+			break;
+		fresh = cache_reclaim(c, &reserved);
+		spin_unlock(&c->lock);
+		if (reserved) {
+			fresh = slice_alloc(c);
+			if (!fresh) {
+				spin_lock(&c->lock);
+				c->nr_slices--;
+				spin_unlock(&c->lock);
+				return ERR_PTR(-ENOMEM);
+			}
+		} else if (!fresh) {
+			wait_event(c->wait, cache_can_reclaim(c));
+		}
+	}
+	/* Still under c->lock, and nobody else has this slice */
+	fresh->off = off;
+	fresh->flags = 0;
+	fresh->ref = 1;
+	hlist_add_head(&fresh->hash, cache_bucket(c, off));
+	c->misses++;
+	spin_unlock(&c->lock);
+	return cache_load(c, fresh);
+}
+
+/*
+ * Copy @len bytes at @off within the slice at @slice_off into @buf. Without
+ * @can_block only a cached slice is used and -EAGAIN means a miss.
+ */
+int qcow2_cache_read(struct qcow2_cache *c, u64 slice_off, u32 off,
+		     void *buf, u32 len, bool can_block)
+{
+	struct qcow2_slice *s;
+
+	spin_lock(&c->lock);
+	s = cache_find(c, slice_off);
+	if (s && test_bit(SLICE_UPTODATE, &s->flags)) {
+		memcpy(buf, s->data + off, len);
+		if (!s->ref)
+			list_move_tail(&s->lru, &c->lru);
+		c->hits++;
+		spin_unlock(&c->lock);
+		return 0;
+	}
+	spin_unlock(&c->lock);
+	if (!can_block)
+		return -EAGAIN;
+
+	s = cache_get(c, slice_off);
+	if (IS_ERR(s))
+		return PTR_ERR(s);
+	memcpy(buf, s->data + off, len);
+	cache_put(c, s);
+	return 0;
+}
+
+int qcow2_cache_init(struct qcow2_cache *c, struct qcow2_io *io,
+		     unsigned int slice_size, u64 bytes)
+{
+	memset(c, 0, sizeof(*c));
+	spin_lock_init(&c->lock);
+	INIT_LIST_HEAD(&c->lru);
+	init_waitqueue_head(&c->wait);
+	c->io = io;
+	c->slice_size = slice_size;
+	c->max_slices = max_t(u64, div64_u64(bytes, slice_size),
+			      QCOW2_CACHE_MIN_SLICES);
+	/* About one bucket per slice, capped so the table stays small */
+	c->hash_bits = min_t(unsigned int, ilog2(c->max_slices), 16);
+	c->hash = kvcalloc(1U << c->hash_bits, sizeof(*c->hash), GFP_KERNEL);
+	return c->hash ? 0 : -ENOMEM;
+}
+
+void qcow2_cache_exit(struct qcow2_cache *c)
+{
+	struct qcow2_slice *s, *tmp;
+
+	/* All I/O has finished: every slice is unpinned and on the LRU */
+	WARN_ON(c->nr_slices && list_empty(&c->lru));
+	list_for_each_entry_safe(s, tmp, &c->lru, lru)
+		slice_free(s);
+	kvfree(c->hash);
+	c->hash = NULL;
+}
+
+void qcow2_cache_get_stats(struct qcow2_cache *c, struct qcow2_cache_stats *st)
+{
+	spin_lock(&c->lock);
+	st->hits = c->hits;
+	st->misses = c->misses;
+	st->evictions = c->evictions;
+	st->slices = c->nr_slices;
+	st->max_slices = c->max_slices;
+	st->slice_size = c->slice_size;
+	spin_unlock(&c->lock);
+}

@@ -1,0 +1,318 @@
+// SPDX-License-Identifier: GPL-2.0-only
+/*
+ * dm-qcow2: a device-mapper target that serves a qcow2 image.
+ *
+ * Table: <start> <length> qcow2 <image_path> [<#feature_args> <arg>*]
+ *
+ * <image_path> is a block device or a regular file holding the image.
+ * Feature arguments:
+ *   cache_size <bytes>	memory bound of the L2 slice cache (suffixes
+ *			k, m, g accepted; default 4 MiB)
+ *
+ * This file is the device-mapper glue only: table parsing, construction
+ * and destruction, ->map(), status and queue limits. The qcow2 logic lives
+ * in dm-qcow2-map.c and below. See
+ * Documentation/admin-guide/device-mapper/dm-qcow2.rst.
+ */
+#include <linux/module.h>
+#include <linux/sizes.h>
+#include <linux/slab.h>
+#include <linux/string.h>
+
+#include "dm-qcow2.h"
+
+#define QCOW2_MAX_CACHE_BYTES	SZ_4G
+
+static const char *mode_name(enum qcow2_mode mode)
+{
+	switch (mode) {
+	case QCOW2_MODE_RW:
+		return "rw";
+	case QCOW2_MODE_RO:
+		return "ro";
+	default:
+		return "fail";
+	}
+}
+
+static int parse_cache_size(struct qcow2 *q, struct dm_arg_set *as,
+			    char **error)
+{
+	const char *arg = dm_shift_arg(as);
+	char *end;
+	u64 bytes;
+
+	if (!arg) {
+		*error = "cache_size needs a value";
+		return -EINVAL;
+	}
+	bytes = memparse(arg, &end);
+	if (*end || !bytes || bytes > QCOW2_MAX_CACHE_BYTES) {
+		*error = "Invalid cache_size (bytes, 1 to 4G)";
+		return -EINVAL;
+	}
+	q->cache_bytes = bytes;
+	return 0;
+}
+
+static int parse_features(struct qcow2 *q, struct dm_arg_set *as,
+			  char **error)
+{
+	static const struct dm_arg _args[] = {
+		{0, 16, "Invalid number of feature arguments"},
+	};
+	unsigned int argc;
+	const char *arg;
+	int r;
+
+	if (!as->argc)
+		return 0;
+	r = dm_read_arg_group(_args, as, &argc, error);
+	if (r)
+		return r;
+	while (argc) {
+		arg = dm_shift_arg(as);
+		argc--;
+		if (!strcasecmp(arg, "cache_size") && argc) {
+			r = parse_cache_size(q, as, error);
+			argc--;
+		} else if (!strcasecmp(arg, "backing")) {
+			*error = "Backing files are not supported yet";
+			r = -EOPNOTSUPP;
+		} else if (!strcasecmp(arg, "snapshot")) {
+			*error = "Activating an internal snapshot is not supported yet";
+			r = -EOPNOTSUPP;
+		} else if (!strcasecmp(arg, "cache_size")) {
+			*error = "cache_size needs a value";
+			r = -EINVAL;
+		} else {
+			*error = "Unknown feature argument";
+			r = -EINVAL;
+		}
+		if (r)
+			return r;
+	}
+	if (as->argc) {
+		*error = "Too many arguments";
+		return -EINVAL;
+	}
+	return 0;
+}
+
+/* Keep the arguments as given, so that "dmsetup table" shows them back */
+static char *join_args(unsigned int argc, char **argv)
+{
+	size_t len = 1;
+	unsigned int i;
+	char *s;
+
+	for (i = 0; i < argc; i++)
+		len += strlen(argv[i]) + 1;
+	s = kzalloc(len, GFP_KERNEL);
+	if (!s)
+		return NULL;
+	for (i = 0; i < argc; i++) {
+		if (i)
+			strcat(s, " ");
+		strcat(s, argv[i]);
+	}
+	return s;
+}
+
+static int check_table(struct dm_target *ti, struct qcow2 *q)
+{
+	if (ti->begin) {
+		ti->error = "Target must start at sector 0";
+		return -EINVAL;
+	}
+	if (dm_table_get_mode(ti->table) & QCOW2_MODE_WRITE) {
+		ti->error = "Writes not supported yet: use dmsetup create --readonly";
+		return -EROFS;
+	}
+	return 0;
+}
+
+static int check_length(struct dm_target *ti, struct qcow2 *q)
+{
+	if (ti->len > q->hdr.size >> SECTOR_SHIFT) {
+		ti->error = "Device length exceeds the image's virtual size";
+		return -EINVAL;
+	}
+	return 0;
+}
+
+static void qcow2_free(struct qcow2 *q)
+{
+	kfree(q->table_args);
+	kfree(q);
+}
+
+/*
+ * Construct a mapping:
+ *   <image_path> [<#feature_args> <arg>*]
+ */
+static int qcow2_ctr(struct dm_target *ti, unsigned int argc, char **argv)
+{
+	struct dm_arg_set as = { .argc = argc, .argv = argv };
+	const char *err = NULL;
+	struct qcow2 *q;
+	int r;
+
+	if (argc < 1) {
+		ti->error = "Missing image path";
+		return -EINVAL;
+	}
+	q = kzalloc(sizeof(*q), GFP_KERNEL);
+	if (!q) {
+		ti->error = "Cannot allocate memory";
+		return -ENOMEM;
+	}
+	q->ti = ti;
+	q->mode = QCOW2_MODE_RO;
+	q->table_args = join_args(argc, argv);
+	if (!q->table_args) {
+		ti->error = "Cannot allocate memory";
+		r = -ENOMEM;
+		goto bad_alloc;
+	}
+	dm_shift_arg(&as);
+	r = parse_features(q, &as, &ti->error);
+	if (!r)
+		r = check_table(ti, q);
+	if (r)
+		goto bad_alloc;
+
+	r = qcow2_io_open(ti, &q->io, argv[0], false);
+	if (r)
+		goto bad_alloc;
+	r = qcow2_open_image(q, &err);
+	if (r) {
+		ti->error = (char *)err;
+		goto bad_image;
+	}
+	r = check_length(ti, q);
+	if (r)
+		goto bad_image;
+
+	r = dm_set_target_max_io_len(ti, q->hdr.cluster_size >> SECTOR_SHIFT);
+	if (r) {
+		ti->error = "Cannot set the maximum I/O size";
+		goto bad_image;
+	}
+	ti->num_flush_bios = 1;
+	ti->per_io_data_size = sizeof(struct qcow2_bio);
+	ti->private = q;
+	return 0;
+
+bad_image:
+	qcow2_close_image(q);
+	qcow2_io_close(ti, &q->io);
+bad_alloc:
+	qcow2_free(q);
+	return r;
+}
+
+static void qcow2_dtr(struct dm_target *ti)
+{
+	struct qcow2 *q = ti->private;
+
+	qcow2_close_image(q);
+	qcow2_io_close(ti, &q->io);
+	qcow2_free(q);
+}
+
+static int qcow2_map(struct dm_target *ti, struct bio *bio)
+{
+	return qcow2_map_bio(ti->private, bio);
+}
+
+/*
+ * Status (INFO):
+ *   <mode> <virtual_sectors> <cluster_bytes> <cache_bytes>/<cache_max_bytes>
+ *   <cache_hits> <cache_misses> <cache_evictions> <health>
+ */
+static void qcow2_status(struct dm_target *ti, status_type_t type,
+			 unsigned int status_flags, char *result,
+			 unsigned int maxlen)
+{
+	struct qcow2 *q = ti->private;
+	struct qcow2_cache_stats st;
+	unsigned int sz = 0;
+
+	switch (type) {
+	case STATUSTYPE_INFO:
+		qcow2_cache_get_stats(&q->cache, &st);
+		DMEMIT("%s %llu %u %llu/%llu %llu %llu %llu %s",
+		       mode_name(q->mode), q->hdr.size >> SECTOR_SHIFT,
+		       q->hdr.cluster_size,
+		       (u64)st.slices * st.slice_size,
+		       (u64)st.max_slices * st.slice_size,
+		       st.hits, st.misses, st.evictions,
+		       test_bit(QCOW2_F_CORRUPT, &q->flags) ? "corrupt" : "ok");
+		break;
+	case STATUSTYPE_TABLE:
+		DMEMIT("%s", q->table_args);
+		break;
+	case STATUSTYPE_IMA:
+		DMEMIT_TARGET_NAME_VERSION(ti->type);
+		DMEMIT(",cluster_size=%u;", q->hdr.cluster_size);
+		break;
+	}
+}
+
+static int qcow2_iterate_devices(struct dm_target *ti,
+				 iterate_devices_callout_fn fn, void *data)
+{
+	struct qcow2 *q = ti->private;
+
+	/* The file backend has no device below it to stack limits from */
+	if (!q->io.dev)
+		return 0;
+	return fn(ti, q->io.dev, 0, q->io.size >> SECTOR_SHIFT, data);
+}
+
+static void qcow2_io_hints(struct dm_target *ti, struct queue_limits *limits)
+{
+	struct qcow2 *q = ti->private;
+
+	/* Direct I/O to the file must be aligned to its block size */
+	if (q->io.file && q->io.dio) {
+		limits->logical_block_size = max(limits->logical_block_size,
+						 q->io.lbs);
+		limits->physical_block_size = max(limits->physical_block_size,
+						  q->io.lbs);
+	}
+	limits->io_opt = q->hdr.cluster_size;
+}
+
+static struct target_type qcow2_target = {
+	.name = "qcow2",
+	.version = {0, 1, 0},
+	.module = THIS_MODULE,
+	.ctr = qcow2_ctr,
+	.dtr = qcow2_dtr,
+	.map = qcow2_map,
+	.status = qcow2_status,
+	.iterate_devices = qcow2_iterate_devices,
+	.io_hints = qcow2_io_hints,
+};
+
+static int __init dm_qcow2_init(void)
+{
+	int r = dm_register_target(&qcow2_target);
+
+	if (r < 0)
+		DMERR("register failed %d", r);
+	return r;
+}
+
+static void __exit dm_qcow2_exit(void)
+{
+	dm_unregister_target(&qcow2_target);
+}
+
+module_init(dm_qcow2_init);
+module_exit(dm_qcow2_exit);
+
+MODULE_DESCRIPTION(DM_NAME " target serving qcow2 images");
+MODULE_LICENSE("GPL");
