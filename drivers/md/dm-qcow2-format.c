@@ -345,14 +345,16 @@ int qcow2_header_parse(const void *buf, size_t len, struct qcow2_header *h,
 		ret = header_check_features(h, err);
 	if (!ret)
 		ret = header_check_backing(h, err);
-	if (!ret)
-		ret = header_check_tables(h, err);
 	if (ret)
 		return ret;
 
+	/* The L1 size check below needs the L2 geometry */
 	h->extended_l2 = h->incompatible_features & QCOW2_INCOMPAT_EXTL2;
 	h->l2_entry_size = h->extended_l2 ? 16 : 8;
 	h->l2_bits = h->cluster_bits - (h->extended_l2 ? 4 : 3);
+	ret = header_check_tables(h, err);
+	if (ret)
+		return ret;
 	return header_parse_extensions(buf, len, h, err);
 }
 
@@ -418,6 +420,9 @@ static int l2_decode_compressed(const struct qcow2_header *h, u64 entry,
 				&map->comp_len);
 	if (!map->host_offset)
 		return fail(err, "Compressed cluster at offset 0", -EUCLEAN);
+	if (map->host_offset >= QCOW2_MAX_HOST_OFFSET)
+		return fail(err, "Compressed cluster offset beyond 2^56",
+			    -EUCLEAN);
 	return 0;
 }
 
