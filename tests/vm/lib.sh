@@ -1,0 +1,93 @@
+# shellcheck shell=bash
+# Common helpers for the tests that run inside the VM (sourced).
+#
+# A test file defines functions named test_*; run-guest.sh sources it and
+# runs each one as a case. A case passes when its function returns 0 and
+# the kernel log written during the case shows no splat.
+
+QCOW2_TOP=${QCOW2_TOP:-$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)}
+QCOW2_KO=$QCOW2_TOP/drivers/md/dm-qcow2.ko
+SCRATCH=${SCRATCH:-/tmp/scratch}
+
+# Say why a case failed, and fail it.
+fail() {
+	echo "  FAIL: $*" >&2
+	return 1
+}
+
+log() {
+	echo "  $*"
+}
+
+# Run a command; fail the case with its output if it fails.
+must() {
+	local out
+	if ! out=$("$@" 2>&1); then
+		echo "$out" | tail -n 20 >&2
+		fail "command failed: $*"
+		return 1
+	fi
+	[ -z "${VERBOSE:-}" ] || echo "$out"
+}
+
+# Sectors of a qcow2 image's virtual size.
+img_sectors() {
+	qemu-img info --output=json "$1" |
+		python3 -c 'import json,sys; print(json.load(sys.stdin)["virtual-size"] // 512)'
+}
+
+# dm_create NAME TABLE_REST [dmsetup options...]: creates NAME with
+# "0 <len> qcow2 TABLE_REST" where len comes from the image named first in
+# TABLE_REST unless DM_LEN is set. The node is made without udev.
+dm_create() {
+	local name=$1 rest=$2 len
+	shift 2
+	if [ -n "${DM_LEN:-}" ]; then
+		len=$DM_LEN
+	else
+		len=$(img_sectors "${rest%% *}") || return 1
+	fi
+	dmsetup create "$name" "$@" --table "0 $len qcow2 $rest" || return 1
+	dmsetup mknodes "$name"
+	[ -b "/dev/mapper/$name" ] || fail "no node for $name"
+}
+
+dm_remove() {
+	dmsetup remove "$1" 2>/dev/null || { sleep 1; dmsetup remove "$1"; }
+}
+
+# Remove every dm-qcow2 device and loop device left by a failed case.
+cleanup_all() {
+	local d
+	for d in $(dmsetup ls --target qcow2 2>/dev/null | awk '$1 != "No" {print $1}'); do
+		dmsetup remove --force "$d" >/dev/null 2>&1 || true
+	done
+	losetup -D 2>/dev/null || true
+}
+
+# One field of "dmsetup status" (1 = first field after the target name).
+dm_status_field() {
+	dmsetup status "$1" | awk -v f="$2" '{print $(3 + f)}'
+}
+
+# The last "qcow2:" error logged by the kernel since the case began.
+last_dm_error() {
+	dmesg | tail -n 20 | grep -E 'device-mapper: table: .*qcow2: ' | tail -n 1
+}
+
+# expect_refused NAME TABLE_REST MESSAGE [dmsetup options]: creating the
+# device must fail, and the kernel log must show MESSAGE as the reason.
+expect_refused() {
+	local name=$1 rest=$2 msg=$3 len
+	shift 3
+	len=${DM_LEN:-8}
+	if dmsetup create "$name" "$@" --table "0 $len qcow2 $rest" 2>/dev/null; then
+		dm_remove "$name"
+		fail "table '$rest' was accepted"
+		return 1
+	fi
+	if ! dmesg | tail -n 5 | grep -qF -- "qcow2: $msg"; then
+		fail "expected '$msg', kernel said: $(last_dm_error)"
+		return 1
+	fi
+}

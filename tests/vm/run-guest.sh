@@ -1,0 +1,94 @@
+#!/bin/bash
+# Runs VM test files inside the guest (started by scripts/run-tests through
+# scripts/vm-run). Usage: run-guest.sh FILE[:REGEX]...
+#
+# Each FILE defines test_* functions; REGEX picks some of them. Every case
+# runs in a subshell, between two kernel log markers: it fails if it
+# returns non-zero or if the kernel log of that case shows a splat.
+# Results go to $VM_OUT/results.txt (one "PASS name" / "FAIL name" line
+# each); the last line printed is "N passed, N failed".
+set -u
+
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+# shellcheck source=tests/vm/lib.sh
+. "$here/lib.sh"
+results=${VM_OUT:-/tmp}/results.txt
+: >"$results"
+passed=0
+failed=0
+
+record() {
+	echo "$1 $2" >>"$results"
+	if [ "$1" = PASS ]; then
+		passed=$((passed + 1))
+	else
+		failed=$((failed + 1))
+	fi
+	echo "$1 $2"
+}
+
+# Scratch space for images: the first virtio disk if there is one.
+setup_scratch() {
+	mkdir -p "$SCRATCH"
+	if [ -b /dev/vda ]; then
+		mkfs.ext4 -q -F /dev/vda && mount /dev/vda "$SCRATCH"
+	else
+		mount -t tmpfs -o size=4g tmpfs "$SCRATCH"
+	fi
+}
+
+# Make dm-qcow2 loadable on demand: an overlay over the read-only module
+# tree holds the module and a fresh modules.dep.
+setup_modules() {
+	local kv m
+	kv=$(uname -r)
+	m=/lib/modules/$kv
+	modprobe dm-mod && modprobe loop || return 1
+	mkdir -p /tmp/modov/upper /tmp/modov/work
+	mount -t overlay overlay \
+		-o "lowerdir=$m,upperdir=/tmp/modov/upper,workdir=/tmp/modov/work" \
+		"$m" || return 1
+	mkdir -p "$m/extra" && cp "$QCOW2_KO" "$m/extra/" && depmod -a "$kv"
+}
+
+run_case() {
+	local name=$1 fn=$2 mark
+	mark="dm-qcow2-test: begin $name $$-$RANDOM"
+	echo "$mark" >/dev/kmsg
+	echo "--- $name"
+	if (cd "$SCRATCH" && "$fn"); then
+		if "$QCOW2_TOP/scripts/dmesg-check" --since "$mark"; then
+			record PASS "$name"
+		else
+			record FAIL "$name"
+		fi
+	else
+		"$QCOW2_TOP/scripts/dmesg-check" --since "$mark" || true
+		record FAIL "$name"
+	fi
+	cleanup_all
+}
+
+run_file() {
+	local spec=$1 file regex fn
+	file=${spec%%:*}
+	regex=.
+	[ "$file" = "$spec" ] || regex=${spec#*:}
+	# shellcheck disable=SC1090
+	. "$here/$file" || { record FAIL "$file"; return; }
+	for fn in $(declare -F | awk '{print $3}' | grep '^test_' | grep -E -- "$regex"); do
+		run_case "${file%.sh}/${fn#test_}" "$fn"
+		unset -f "$fn"
+	done
+}
+
+if ! setup_scratch || ! setup_modules; then
+	record FAIL setup
+	echo "$passed passed, $failed failed"
+	exit 1
+fi
+for spec in "$@"; do
+	run_file "$spec"
+done
+echo "$passed passed, $failed failed"
+[ "$failed" -eq 0 ]

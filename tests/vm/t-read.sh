@@ -1,0 +1,140 @@
+# shellcheck shell=bash
+# Read path: images made by qemu-img and qemu-io read back identically
+# through the target, with the image given as a file and as a loop device.
+
+# fill_image IMG SEED: patterns at pseudo-random offsets, zeroed ranges
+# (zero clusters on v3) and a discarded range, all through qemu-io.
+fill_image() {
+	local img=$1 size cmds=() i off len
+	RANDOM=$2
+	size=$(($(img_sectors "$img") * 512))
+	for i in $(seq 1 24); do
+		len=$(( (RANDOM % 512 + 1) * 512 ))
+		off=$(( (RANDOM * 32768 + RANDOM) % ((size - len) / 512) * 512 ))
+		cmds+=(-c "write -P $((i * 7 % 255 + 1)) $off $len")
+	done
+	for i in 1 2 3; do
+		len=$(( (RANDOM % 8 + 1) * 65536 ))
+		off=$(( (RANDOM * 32768 + RANDOM) % ((size - len) / 65536) * 65536 ))
+		cmds+=(-c "write -z $off $len")
+	done
+	cmds+=(-c "discard $((size / 2)) 1M")
+	qemu-io -f qcow2 "${cmds[@]}" "$img" >/dev/null
+}
+
+# check_dev NAME IMG REF: the device reads the same as the image, through
+# qemu-img compare and through random direct reads of varied sizes.
+check_dev() {
+	local dev=/dev/mapper/$1
+	must qemu-img compare -f raw -F qcow2 "$dev" "$2" || return 1
+	must python3 "$QCOW2_TOP/tests/vm/randread.py" "$dev" "$3" 200 || return 1
+	must dd if="$dev" of=/dev/null bs=1M iflag=direct || return 1
+}
+
+# check_both IMG: through the file backend, then a read-only loop device.
+check_both() {
+	local img=$PWD/$1 ref=$PWD/$1.raw loopdev
+	must qemu-img check "$img" || return 1
+	must qemu-img convert -O raw "$img" "$ref" || return 1
+	dm_create rd-file "$img" --readonly || return 1
+	check_dev rd-file "$img" "$ref" || return 1
+	dm_remove rd-file || return 1
+	loopdev=$(losetup -f --show -r "$img") || return 1
+	DM_LEN=$(img_sectors "$img") dm_create rd-loop "$loopdev" --readonly ||
+		return 1
+	check_dev rd-loop "$img" "$ref" || return 1
+	dm_remove rd-loop && losetup -d "$loopdev" && rm -f "$ref"
+}
+
+# read_case OPTIONS SIZE SEED
+read_case() {
+	rm -f img.qcow2
+	must qemu-img create -f qcow2 -o "$1" img.qcow2 "$2" || return 1
+	fill_image img.qcow2 "$3" || return 1
+	check_both img.qcow2
+}
+
+test_v3_c512()	{ read_case compat=1.1,cluster_size=512 32M 1; }
+test_v3_c4k()	{ read_case compat=1.1,cluster_size=4k 64M 2; }
+test_v3_c64k()	{ read_case compat=1.1,cluster_size=64k 64M 3; }
+test_v3_c2m()	{ read_case compat=1.1,cluster_size=2M 256M 4; }
+test_v2_c512()	{ read_case compat=0.10,cluster_size=512 32M 5; }
+test_v2_c4k()	{ read_case compat=0.10,cluster_size=4k 64M 6; }
+test_v2_c64k()	{ read_case compat=0.10,cluster_size=64k 64M 7; }
+test_v2_c2m()	{ read_case compat=0.10,cluster_size=2M 256M 8; }
+test_refcount1()	{ read_case refcount_bits=1 64M 9; }
+test_refcount64()	{ read_case refcount_bits=64 64M 10; }
+test_c2m_refcount1()	{ read_case cluster_size=2M,refcount_bits=1 256M 11; }
+test_lazy_refcounts()	{ read_case lazy_refcounts=on 64M 12; }
+test_prealloc_metadata_v3()	{ read_case preallocation=metadata 64M 13; }
+test_prealloc_metadata_v2()	{ read_case compat=0.10,preallocation=metadata 64M 14; }
+test_prealloc_full()	{ read_case preallocation=full 64M 15; }
+test_prealloc_falloc_c4k()	{ read_case cluster_size=4k,preallocation=falloc 32M 16; }
+
+# Zero clusters that keep their host cluster (zero-alloc) and plain zero
+# clusters must read as zeros although the host clusters hold data.
+test_zero_alloc() {
+	rm -f img.qcow2
+	must qemu-img create -f qcow2 -o preallocation=metadata img.qcow2 16M ||
+		return 1
+	must qemu-io -f qcow2 -c "write -P 0x5a 0 16M" -c "write -z 1M 2M" \
+		-c "write -z -u 8M 1M" -c "write -P 0x11 1536k 4k" img.qcow2 ||
+		return 1
+	qemu-img map --output=json img.qcow2 | grep -q '"zero": true, "data": false, "offset"' ||
+		fail "no zero-alloc cluster in the test image" || return 1
+	check_both img.qcow2
+}
+
+# A virtual size of 1 TiB with a few scattered clusters: reads are right,
+# and the cache stays within its bound however many tables are touched.
+test_1tib_sparse() {
+	local offs="0 300G 512G 700G 1023G" o cmds=() i=1 reads=()
+	rm -f big.qcow2
+	must qemu-img create -f qcow2 big.qcow2 1T || return 1
+	for o in $offs; do
+		cmds+=(-c "write -P $i $o 64k")
+		reads+=(-c "read -P $i $o 64k" -c "read -P 0 $o+64k 64k")
+		i=$((i + 1))
+	done
+	must qemu-io -f qcow2 "${cmds[@]}" big.qcow2 || return 1
+	dm_create big "$PWD/big.qcow2 2 cache_size 256k" --readonly || return 1
+	must qemu-io -r -f raw "${reads[@]}" /dev/mapper/big || return 1
+	# 200 reads 5 GiB apart touch 200 different L2 tables
+	for i in $(seq 0 199); do
+		dd if=/dev/mapper/big of=/dev/null bs=4k count=1 iflag=direct \
+			skip=$((i * 5 * 262144)) 2>/dev/null || return 1
+	done
+	local cache used max
+	cache=$(dm_status_field big 4)
+	used=${cache%/*}
+	max=${cache#*/}
+	log "cache $cache, evictions $(dm_status_field big 7)"
+	[ "$max" -eq 262144 ] || fail "cache bound $max, want 262144" || return 1
+	[ "$used" -le "$max" ] || fail "cache uses $used > $max" || return 1
+	[ "$(dm_status_field big 7)" -gt 0 ] || fail "no evictions" || return 1
+	dm_remove big
+}
+
+# Status fields and the table printed back as given.
+test_status_and_table() {
+	local len st
+	rm -f img.qcow2
+	must qemu-img create -f qcow2 img.qcow2 64M || return 1
+	must qemu-io -f qcow2 -c "write -P 1 0 1M" img.qcow2 || return 1
+	len=$(img_sectors img.qcow2)
+	dm_create st "$PWD/img.qcow2 2 cache_size 1m" --readonly || return 1
+	[ "$(dmsetup table st)" = "0 $len qcow2 $PWD/img.qcow2 2 cache_size 1m" ] ||
+		fail "table: $(dmsetup table st)" || return 1
+	dd if=/dev/mapper/st of=/dev/null bs=64k count=16 iflag=direct 2>/dev/null
+	st=$(dmsetup status st)
+	log "status: $st"
+	set -- $st
+	[ "$4" = ro ] || fail "mode $4" || return 1
+	[ "$5" = "$len" ] || fail "virtual sectors $5" || return 1
+	[ "$6" = 65536 ] || fail "cluster size $6" || return 1
+	[ "${7#*/}" = 1048576 ] || fail "cache bound ${7#*/}" || return 1
+	[ "$9" -ge 1 ] || fail "no cache miss counted" || return 1
+	[ "$8" -ge 1 ] || fail "no cache hit counted" || return 1
+	[ "${11}" = ok ] || fail "health ${11}" || return 1
+	dm_remove st
+}

@@ -1,0 +1,90 @@
+# shellcheck shell=bash
+# Bad input is refused at table load with a message naming the problem,
+# and nothing is left behind.
+
+# Every malformed header made by tests/images/bad-headers.sh.
+test_bad_headers() {
+	local dir=$PWD/bad name msg bad=0 n=0
+	rm -rf "$dir"
+	must "$QCOW2_TOP/tests/images/bad-headers.sh" "$dir" || return 1
+	while IFS=$'\t' read -r name msg; do
+		n=$((n + 1))
+		expect_refused "bad-$name" "$dir/$name.qcow2" "$msg" --readonly ||
+			{ echo "  ($name)" >&2; bad=$((bad + 1)); }
+	done <"$dir/expected.tsv"
+	log "$n malformed headers tried, $bad not refused as expected"
+	[ "$n" -ge 30 ] || fail "only $n cases" || return 1
+	[ "$bad" -eq 0 ]
+}
+
+# Valid images using features this target does not serve yet.
+test_unsupported_features() {
+	local bad=0
+	rm -f base.raw *.qcow2 data.raw
+	truncate -s 16M base.raw
+	must qemu-img create -q -f qcow2 -b "$PWD/base.raw" -F raw backed.qcow2 ||
+		return 1
+	must qemu-img create -q -f qcow2 -o extended_l2=on extl2.qcow2 16M ||
+		return 1
+	must qemu-img create -q -f qcow2 -o compression_type=zstd zstd.qcow2 16M ||
+		return 1
+	must qemu-img create -q -f qcow2 -o data_file="$PWD/data.raw" ext.qcow2 16M ||
+		return 1
+	must qemu-img create -q -f qcow2 --object secret,id=s0,data=pw \
+		-o encrypt.format=luks,encrypt.key-secret=s0 luks.qcow2 16M ||
+		return 1
+	expect_refused u1 "$PWD/backed.qcow2" \
+		"Images with a backing file are not supported yet" --readonly || bad=1
+	expect_refused u2 "$PWD/extl2.qcow2" \
+		"Extended L2 entries (subclusters) are not supported yet" --readonly || bad=1
+	expect_refused u3 "$PWD/zstd.qcow2" \
+		"The zstd compression type is not supported yet" --readonly || bad=1
+	expect_refused u4 "$PWD/ext.qcow2" \
+		"Images with an external data file are not supported" --readonly || bad=1
+	expect_refused u5 "$PWD/luks.qcow2" \
+		"Encrypted images are not supported" --readonly || bad=1
+	return $bad
+}
+
+# Tables that are wrong whatever the image.
+test_bad_tables() {
+	local img=$PWD/img.qcow2 len bad=0
+	rm -f img.qcow2
+	must qemu-img create -q -f qcow2 img.qcow2 16M || return 1
+	len=$(img_sectors img.qcow2)
+	expect_refused t1 "$img" \
+		"Writes not supported yet: use dmsetup create --readonly" || bad=1
+	DM_LEN=$((len + 1)) expect_refused t2 "$img" \
+		"Device length exceeds the image's virtual size" --readonly || bad=1
+	expect_refused t3 "$img 1 frobnicate" "Unknown feature argument" \
+		--readonly || bad=1
+	expect_refused t4 "$img 2 cache_size 0" \
+		"Invalid cache_size (bytes, 1 to 4G)" --readonly || bad=1
+	expect_refused t5 "$img 2 cache_size 12q" \
+		"Invalid cache_size (bytes, 1 to 4G)" --readonly || bad=1
+	expect_refused t6 "$img 3 cache_size" \
+		"Invalid number of feature arguments" --readonly || bad=1
+	expect_refused t7 "$img 1 cache_size" "cache_size needs a value" \
+		--readonly || bad=1
+	expect_refused t8 "$img 2 backing $img" \
+		"Backing files are not supported yet" --readonly || bad=1
+	expect_refused t9 "$img 2 snapshot 1" \
+		"Activating an internal snapshot is not supported yet" --readonly || bad=1
+	expect_refused t10 "$PWD/nonexistent.qcow2" "Cannot open image file" \
+		--readonly || bad=1
+	expect_refused t11 "$PWD" \
+		"Image is neither a block device nor a regular file" --readonly || bad=1
+	expect_refused t12 "$img 2 cache_size 1m extra" "Too many arguments" \
+		--readonly || bad=1
+	# A start other than 0: a two-target table
+	if dmsetup create t13 --readonly --table "0 8 zero
+8 8 qcow2 $img" 2>/dev/null; then
+		dm_remove t13
+		fail "start 8 accepted"; bad=1
+	elif ! dmesg | tail -n 5 | grep -qF "qcow2: Target must start at sector 0"; then
+		fail "start 8: $(last_dm_error)"; bad=1
+	fi
+	[ -z "$(dmsetup ls --target qcow2 | grep -v 'No devices')" ] ||
+		fail "devices left behind" || bad=1
+	return $bad
+}
