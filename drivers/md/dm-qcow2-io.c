@@ -258,6 +258,7 @@ void qcow2_io_file_submit(struct qcow2_io *io, struct bio *bio, u64 pos)
 	ii.iov_offset = bio->bi_iter.bi_bvec_done;
 
 	atomic_set(&pb->ref, 2);
+	memset(&pb->iocb, 0, sizeof(pb->iocb));
 	pb->iocb.ki_pos = pos;
 	pb->iocb.ki_filp = file;
 	pb->iocb.ki_complete = file_rw_complete;

@@ -74,11 +74,14 @@ run_file() {
 	file=${spec%%:*}
 	regex=.
 	[ "$file" = "$spec" ] || regex=${spec#*:}
+	# Forget the cases of the previous file before reading this one
+	for fn in $(declare -F | awk '{print $3}' | grep '^test_'); do
+		unset -f "$fn"
+	done
 	# shellcheck disable=SC1090
 	. "$here/$file" || { record FAIL "$file"; return; }
 	for fn in $(declare -F | awk '{print $3}' | grep '^test_' | grep -E -- "$regex"); do
 		run_case "${file%.sh}/${fn#test_}" "$fn"
-		unset -f "$fn"
 	done
 }
 
