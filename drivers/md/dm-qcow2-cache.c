@@ -7,10 +7,20 @@
  * of slices is bounded by the cache size given in the table; when the bound
  * is reached the least recently used unpinned slice is reused.
  *
- * A slice is pinned (ref > 0) while it is being loaded or read from. Only
+ * Refcount blocks are cached the same way; a slice's key is its offset
+ * with the kind (L2 or refcount) in the low bit, so that two kinds of
+ * metadata claiming the same place in a corrupt image never share a slice.
+ *
+ * A slice is pinned (ref > 0) while it is being loaded, read or modified.
+ * A modified slice is dirty until qcow2_cache_write_dirty() has written it;
+ * dirty slices sit on the dirty list and are never evicted. Only clean,
  * unpinned slices sit on the LRU list, so everything on it may be evicted.
- * One spinlock protects the hash, the LRU list, reference counts, flags and
- * statistics; it is never held across I/O or allocation.
+ * When room is needed and only dirty slices could give it, the owner's
+ * writeback is kicked and the caller waits.
+ *
+ * One spinlock protects the hash, both lists, reference counts, flags,
+ * slice contents and statistics; it is never held across I/O or
+ * allocation.
  */
 #include <linux/hash.h>
 #include <linux/log2.h>
@@ -21,36 +31,47 @@
 enum {
 	SLICE_UPTODATE,		/* data is valid */
 	SLICE_ERROR,		/* load failed; unhashed, freed on last put */
+	SLICE_DIRTY,		/* modified since last written */
 };
 
 struct qcow2_slice {
 	struct hlist_node hash;
-	struct list_head lru;
-	u64 off;
+	struct list_head lru;		/* LRU, dirty or writeback list */
+	u64 key;			/* offset | kind */
 	unsigned int ref;
 	unsigned long flags;
 	void *data;
 };
 
-static struct hlist_head *cache_bucket(struct qcow2_cache *c, u64 off)
+static u64 slice_key(enum qcow2_slice_kind kind, u64 off)
 {
-	return &c->hash[hash_64(off, c->hash_bits)];
+	return off | kind;
 }
 
-static struct qcow2_slice *cache_find(struct qcow2_cache *c, u64 off)
+static u64 slice_off(struct qcow2_slice *s)
+{
+	return s->key & ~1ULL;
+}
+
+static struct hlist_head *cache_bucket(struct qcow2_cache *c, u64 key)
+{
+	return &c->hash[hash_64(key, c->hash_bits)];
+}
+
+static struct qcow2_slice *cache_find(struct qcow2_cache *c, u64 key)
 {
 	struct qcow2_slice *s;
 
-	hlist_for_each_entry(s, cache_bucket(c, off), hash)
-		if (s->off == off)
+	hlist_for_each_entry(s, cache_bucket(c, key), hash)
+		if (s->key == key)
 			return s;
 	return NULL;
 }
 
-/* Caller holds c->lock. */
+/* Caller holds c->lock. A dirty slice stays on the dirty list. */
 static void slice_pin(struct qcow2_slice *s)
 {
-	if (!s->ref++)
+	if (!s->ref++ && !test_bit(SLICE_DIRTY, &s->flags))
 		list_del_init(&s->lru);
 }
 
@@ -69,7 +90,7 @@ static void cache_put(struct qcow2_cache *c, struct qcow2_slice *s)
 		if (test_bit(SLICE_ERROR, &s->flags)) {
 			c->nr_slices--;
 			release = true;
-		} else {
+		} else if (!test_bit(SLICE_DIRTY, &s->flags)) {
 			list_add_tail(&s->lru, &c->lru);
 		}
 	}
@@ -160,7 +181,7 @@ static struct qcow2_slice *cache_load(struct qcow2_cache *c,
 {
 	int r;
 
-	r = qcow2_io_read_meta(c->io, s->data, c->slice_size, s->off);
+	r = qcow2_io_read_meta(c->io, s->data, c->slice_size, slice_off(s));
 	spin_lock(&c->lock);
 	if (r) {
 		set_bit(SLICE_ERROR, &s->flags);
@@ -181,14 +202,14 @@ static struct qcow2_slice *cache_load(struct qcow2_cache *c,
  * Return the slice at @off pinned and up to date, reading it if needed.
  * May sleep: only called from workers.
  */
-static struct qcow2_slice *cache_get(struct qcow2_cache *c, u64 off)
+static struct qcow2_slice *cache_get(struct qcow2_cache *c, u64 key)
 {
 	struct qcow2_slice *s, *fresh = NULL;
-	bool reserved;
+	bool reserved, kick;
 
 	for (;;) {
 		spin_lock(&c->lock);
-		s = cache_find(c, off);
+		s = cache_find(c, key);
 		if (s) {
 			slice_pin(s);
 			if (test_bit(SLICE_UPTODATE, &s->flags))
@@ -201,6 +222,7 @@ static struct qcow2_slice *cache_get(struct qcow2_cache *c, u64 off)
 		if (fresh)
 			break;
 		fresh = cache_reclaim(c, &reserved);
+		kick = !fresh && !reserved && c->nr_dirty;
 		spin_unlock(&c->lock);
 		if (reserved) {
 			fresh = slice_alloc(c);
@@ -211,14 +233,17 @@ static struct qcow2_slice *cache_get(struct qcow2_cache *c, u64 off)
 				return ERR_PTR(-ENOMEM);
 			}
 		} else if (!fresh) {
+			/* Full of pinned and dirty slices: writeback frees some */
+			if (kick && c->kick_writeback)
+				c->kick_writeback(c->owner);
 			wait_event(c->wait, cache_can_reclaim(c));
 		}
 	}
 	/* Still under c->lock, and nobody else has this slice */
-	fresh->off = off;
+	fresh->key = key;
 	fresh->flags = 0;
 	fresh->ref = 1;
-	hlist_add_head(&fresh->hash, cache_bucket(c, off));
+	hlist_add_head(&fresh->hash, cache_bucket(c, key));
 	c->misses++;
 	spin_unlock(&c->lock);
 	return cache_load(c, fresh);
@@ -228,16 +253,17 @@ static struct qcow2_slice *cache_get(struct qcow2_cache *c, u64 off)
  * Copy @len bytes at @off within the slice at @slice_off into @buf. Without
  * @can_block only a cached slice is used and -EAGAIN means a miss.
  */
-int qcow2_cache_read(struct qcow2_cache *c, u64 slice_off, u32 off,
-		     void *buf, u32 len, bool can_block)
+int qcow2_cache_read(struct qcow2_cache *c, enum qcow2_slice_kind kind,
+		     u64 slice_off, u32 off, void *buf, u32 len, bool can_block)
 {
+	u64 key = slice_key(kind, slice_off);
 	struct qcow2_slice *s;
 
 	spin_lock(&c->lock);
-	s = cache_find(c, slice_off);
+	s = cache_find(c, key);
 	if (s && test_bit(SLICE_UPTODATE, &s->flags)) {
 		memcpy(buf, s->data + off, len);
-		if (!s->ref)
+		if (!s->ref && !test_bit(SLICE_DIRTY, &s->flags))
 			list_move_tail(&s->lru, &c->lru);
 		c->hits++;
 		spin_unlock(&c->lock);
@@ -247,12 +273,89 @@ int qcow2_cache_read(struct qcow2_cache *c, u64 slice_off, u32 off,
 	if (!can_block)
 		return -EAGAIN;
 
-	s = cache_get(c, slice_off);
+	s = cache_get(c, key);
 	if (IS_ERR(s))
 		return PTR_ERR(s);
+	spin_lock(&c->lock);
 	memcpy(buf, s->data + off, len);
+	spin_unlock(&c->lock);
 	cache_put(c, s);
 	return 0;
+}
+
+/* Pin a slice for modification; may sleep. */
+struct qcow2_slice *qcow2_cache_pin(struct qcow2_cache *c,
+				    enum qcow2_slice_kind kind, u64 slice_off)
+{
+	return cache_get(c, slice_key(kind, slice_off));
+}
+
+void qcow2_cache_unpin(struct qcow2_cache *c, struct qcow2_slice *s)
+{
+	cache_put(c, s);
+}
+
+/*
+ * Give @fn the contents of a pinned slice to change, under the cache lock
+ * (so that readers never see a torn entry), and mark the slice dirty.
+ */
+int qcow2_cache_modify(struct qcow2_cache *c, struct qcow2_slice *s,
+		       int (*fn)(void *data, void *arg), void *arg)
+{
+	int r;
+
+	spin_lock(&c->lock);
+	r = fn(s->data, arg);
+	if (!r && !test_and_set_bit(SLICE_DIRTY, &s->flags)) {
+		/* Pinned and clean: on no list until now */
+		list_add_tail(&s->lru, &c->dirty);
+		c->nr_dirty++;
+	}
+	spin_unlock(&c->lock);
+	return r;
+}
+
+/*
+ * Write every dirty slice of @kind. The caller makes sure nothing modifies
+ * slices meanwhile, and orders this against other writes with flushes.
+ * On error the slices that were not written stay dirty.
+ */
+int qcow2_cache_write_dirty(struct qcow2_cache *c, enum qcow2_slice_kind kind)
+{
+	struct qcow2_slice *s, *tmp;
+	LIST_HEAD(wb);
+	int r = 0;
+
+	spin_lock(&c->lock);
+	list_for_each_entry_safe(s, tmp, &c->dirty, lru) {
+		if ((s->key & 1) != kind)
+			continue;
+		s->ref++;
+		list_move_tail(&s->lru, &wb);
+	}
+	spin_unlock(&c->lock);
+
+	list_for_each_entry_safe(s, tmp, &wb, lru) {
+		if (!r)
+			r = qcow2_io_write_meta(c->io, s->data, c->slice_size,
+						slice_off(s));
+		spin_lock(&c->lock);
+		if (r) {
+			list_move_tail(&s->lru, &c->dirty);
+		} else {
+			list_del_init(&s->lru);
+			clear_bit(SLICE_DIRTY, &s->flags);
+			c->nr_dirty--;
+		}
+		spin_unlock(&c->lock);
+		cache_put(c, s);
+	}
+	return r;
+}
+
+unsigned long qcow2_cache_nr_dirty(struct qcow2_cache *c)
+{
+	return READ_ONCE(c->nr_dirty);
 }
 
 int qcow2_cache_init(struct qcow2_cache *c, struct qcow2_io *io,
@@ -261,6 +364,7 @@ int qcow2_cache_init(struct qcow2_cache *c, struct qcow2_io *io,
 	memset(c, 0, sizeof(*c));
 	spin_lock_init(&c->lock);
 	INIT_LIST_HEAD(&c->lru);
+	INIT_LIST_HEAD(&c->dirty);
 	init_waitqueue_head(&c->wait);
 	c->io = io;
 	c->slice_size = slice_size;
@@ -276,8 +380,8 @@ void qcow2_cache_exit(struct qcow2_cache *c)
 {
 	struct qcow2_slice *s, *tmp;
 
-	/* All I/O has finished: every slice is unpinned and on the LRU */
-	WARN_ON(c->nr_slices && list_empty(&c->lru));
+	/* All I/O has finished: every slice is unpinned, clean or not */
+	list_splice_init(&c->dirty, &c->lru);
 	list_for_each_entry_safe(s, tmp, &c->lru, lru)
 		slice_free(s);
 	kvfree(c->hash);
@@ -293,5 +397,6 @@ void qcow2_cache_get_stats(struct qcow2_cache *c, struct qcow2_cache_stats *st)
 	st->slices = c->nr_slices;
 	st->max_slices = c->max_slices;
 	st->slice_size = c->slice_size;
+	st->dirty = c->nr_dirty;
 	spin_unlock(&c->lock);
 }

@@ -112,29 +112,45 @@ static struct page *buf_page(void *addr)
 				       virt_to_page(addr);
 }
 
-/* Read @len bytes at @off into a kmalloc or vmalloc buffer. */
-static int io_bdev_read(struct qcow2_io *io, void *buf, size_t len, u64 off)
+/*
+ * Describe a kmalloc or vmalloc buffer as page segments; returns how many
+ * of @max entries were used.
+ */
+unsigned int qcow2_buf_to_bvec(struct bio_vec *bv, unsigned int max,
+			       void *buf, size_t len)
 {
-	struct block_device *bdev = io->dev->bdev;
-	unsigned int nr, chunk, in_page;
+	unsigned int n = 0, chunk;
+
+	while (len && n < max) {
+		chunk = min_t(size_t, len, PAGE_SIZE - offset_in_page(buf));
+		bv[n].bv_page = buf_page(buf);
+		bv[n].bv_len = chunk;
+		bv[n].bv_offset = offset_in_page(buf);
+		n++;
+		buf += chunk;
+		len -= chunk;
+	}
+	return n;
+}
+
+/* Synchronous I/O of a segment array to the block device, in bio chunks. */
+static int io_bdev_rw(struct qcow2_io *io, blk_opf_t opf,
+		      const struct bio_vec *bv, unsigned int nr, u64 off)
+{
+	unsigned int i = 0;
 	struct bio *bio;
 	int r;
 
-	while (len) {
-		nr = min_t(size_t, BIO_MAX_VECS,
-			   DIV_ROUND_UP(len + offset_in_page(buf), PAGE_SIZE));
-		bio = bio_alloc(bdev, nr, REQ_OP_READ | REQ_META | REQ_SYNC,
-				GFP_NOIO);
+	while (i < nr) {
+		bio = bio_alloc(io->dev->bdev, min_t(unsigned int, nr - i,
+						     BIO_MAX_VECS),
+				opf, GFP_NOIO);
 		bio->bi_iter.bi_sector = off >> SECTOR_SHIFT;
-		while (len) {
-			in_page = offset_in_page(buf);
-			chunk = min_t(size_t, len, PAGE_SIZE - in_page);
-			if (bio_add_page(bio, buf_page(buf), chunk, in_page) !=
-			    chunk)
+		for (; i < nr; i++) {
+			if (bio_add_page(bio, bv[i].bv_page, bv[i].bv_len,
+					 bv[i].bv_offset) != bv[i].bv_len)
 				break;
-			buf += chunk;
-			off += chunk;
-			len -= chunk;
+			off += bv[i].bv_len;
 		}
 		r = submit_bio_wait(bio);
 		bio_put(bio);
@@ -144,22 +160,58 @@ static int io_bdev_read(struct qcow2_io *io, void *buf, size_t len, u64 off)
 	return 0;
 }
 
-static int io_file_read(struct qcow2_io *io, void *buf, size_t len, u64 off)
+/*
+ * Synchronous I/O of a segment array to the file. Data (@direct) uses
+ * direct I/O when the file allows it, metadata the page cache, so that
+ * any alignment works.
+ */
+static int io_file_rw(struct qcow2_io *io, bool write, bool direct,
+		      const struct bio_vec *bv, unsigned int nr, size_t len,
+		      u64 off)
 {
-	loff_t pos = off;
+	struct file *file = io->file;
+	struct iov_iter iter;
+	struct kiocb kiocb;
 	ssize_t r;
 
-	/* Buffered: any alignment works, and the page cache stays coherent */
-	while (len) {
-		r = kernel_read(io->file, buf, len, &pos);
-		if (r < 0)
-			return r;
-		if (!r)
-			return -EIO;	/* past EOF: callers checked bounds */
-		buf += r;
-		len -= r;
+	iov_iter_bvec(&iter, write ? ITER_SOURCE : ITER_DEST, bv, nr, len);
+	init_sync_kiocb(&kiocb, file);
+	kiocb.ki_pos = off;
+	kiocb.ki_flags = direct && io->dio ? IOCB_DIRECT : 0;
+	if (write) {
+		file_start_write(file);
+		r = file->f_op->write_iter(&kiocb, &iter);
+		file_end_write(file);
+	} else {
+		r = file->f_op->read_iter(&kiocb, &iter);
 	}
-	return 0;
+	if (r < 0)
+		return r;
+	return r == len ? 0 : -EIO;	/* short: past EOF, or no space */
+}
+
+static int io_rw_buf(struct qcow2_io *io, bool write, void *buf, size_t len,
+		     u64 off)
+{
+	blk_opf_t opf = (write ? REQ_OP_WRITE : REQ_OP_READ) | REQ_META |
+			REQ_SYNC;
+	struct bio_vec *bv;
+	unsigned int nr, noio;
+	int r;
+
+	nr = DIV_ROUND_UP(offset_in_page(buf) + len, PAGE_SIZE);
+	bv = kmalloc_array(nr, sizeof(*bv), GFP_NOIO);
+	if (!bv)
+		return -ENOMEM;
+	nr = qcow2_buf_to_bvec(bv, nr, buf, len);
+	noio = memalloc_noio_save();
+	if (io->dev)
+		r = io_bdev_rw(io, opf, bv, nr, off);
+	else
+		r = io_file_rw(io, write, false, bv, nr, len, off);
+	memalloc_noio_restore(noio);
+	kfree(bv);
+	return r;
 }
 
 /*
@@ -169,17 +221,65 @@ static int io_file_read(struct qcow2_io *io, void *buf, size_t len, u64 off)
  */
 int qcow2_io_read_meta(struct qcow2_io *io, void *buf, size_t len, u64 off)
 {
-	unsigned int noio = memalloc_noio_save();
+	u64 size = READ_ONCE(io->size);
+
+	if (off > size || len > size - off)
+		return -EIO;
+	return io_rw_buf(io, false, buf, len, off);
+}
+
+/* A file grows as clusters past its end are written; writers race. */
+static void io_extend(struct qcow2_io *io, u64 end)
+{
+	u64 old = READ_ONCE(io->size), prev;
+
+	while (end > old) {
+		prev = cmpxchg64(&io->size, old, end);
+		if (prev == old)
+			break;
+		old = prev;
+	}
+}
+
+/* Metadata writes: the caller orders them with qcow2_io_flush(). */
+int qcow2_io_write_meta(struct qcow2_io *io, void *buf, size_t len, u64 off)
+{
 	int r;
 
-	if (off > io->size || len > io->size - off)
-		r = -EIO;
-	else if (io->dev)
-		r = io_bdev_read(io, buf, len, off);
-	else
-		r = io_file_read(io, buf, len, off);
-	memalloc_noio_restore(noio);
+	if (io->dev && (off > io->size || len > io->size - off))
+		return -ENOSPC;
+	r = io_rw_buf(io, true, buf, len, off);
+	if (!r && io->file)
+		io_extend(io, off + len);
 	return r;
+}
+
+/* Write whole clusters of data from a segment array, synchronously. */
+int qcow2_io_write_data(struct qcow2_io *io, const struct bio_vec *bv,
+			unsigned int nr, size_t len, u64 off)
+{
+	unsigned int noio;
+	int r;
+
+	if (io->dev && (off > io->size || len > io->size - off))
+		return -ENOSPC;
+	noio = memalloc_noio_save();
+	if (io->dev)
+		r = io_bdev_rw(io, REQ_OP_WRITE | REQ_SYNC, bv, nr, off);
+	else
+		r = io_file_rw(io, true, true, bv, nr, len, off);
+	memalloc_noio_restore(noio);
+	if (!r && io->file)
+		io_extend(io, off + len);
+	return r;
+}
+
+/* Make every completed write durable. */
+int qcow2_io_flush(struct qcow2_io *io)
+{
+	if (io->dev)
+		return blkdev_issue_flush(io->dev->bdev);
+	return vfs_fsync(io->file, 1);
 }
 
 /* ---- Data ---- */
@@ -263,6 +363,8 @@ void qcow2_io_file_submit(struct qcow2_io *io, struct bio *bio, u64 pos)
 	pb->iocb.ki_filp = file;
 	pb->iocb.ki_complete = file_rw_complete;
 	pb->iocb.ki_flags = io->dio ? IOCB_DIRECT : 0;
+	if (bio->bi_opf & REQ_FUA)
+		pb->iocb.ki_flags |= IOCB_DSYNC;
 	pb->iocb.ki_ioprio = bio_prio(bio);
 
 	noio = memalloc_noio_save();

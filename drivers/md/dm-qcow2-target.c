@@ -9,6 +9,9 @@
  *   cache_size <bytes>	memory bound of the L2 slice cache (suffixes
  *			k, m, g accepted; default 4 MiB)
  *
+ * A writable table serves the image read-write; a read-only one
+ * (dmsetup create --readonly) never writes to it.
+ *
  * This file is the device-mapper glue only: table parsing, construction
  * and destruction, ->map(), status and queue limits. The qcow2 logic lives
  * in dm-qcow2-map.c and below. See
@@ -125,10 +128,7 @@ static int check_table(struct dm_target *ti, struct qcow2 *q)
 		ti->error = "Target must start at sector 0";
 		return -EINVAL;
 	}
-	if (dm_table_get_mode(ti->table) & QCOW2_MODE_WRITE) {
-		ti->error = "Writes not supported yet: use dmsetup create --readonly";
-		return -EROFS;
-	}
+	q->writable = dm_table_get_mode(ti->table) & QCOW2_MODE_WRITE;
 	return 0;
 }
 
@@ -168,7 +168,6 @@ static int qcow2_ctr(struct dm_target *ti, unsigned int argc, char **argv)
 		return -ENOMEM;
 	}
 	q->ti = ti;
-	q->mode = QCOW2_MODE_RO;
 	q->table_args = join_args(argc, argv);
 	if (!q->table_args) {
 		ti->error = "Cannot allocate memory";
@@ -182,7 +181,7 @@ static int qcow2_ctr(struct dm_target *ti, unsigned int argc, char **argv)
 	if (r)
 		goto bad_alloc;
 
-	r = qcow2_io_open(ti, &q->io, argv[0], false);
+	r = qcow2_io_open(ti, &q->io, argv[0], q->writable);
 	if (r)
 		goto bad_alloc;
 	r = qcow2_open_image(q, &err);
@@ -216,6 +215,9 @@ static void qcow2_dtr(struct dm_target *ti)
 {
 	struct qcow2 *q = ti->private;
 
+	if (qcow2_deactivate(q))
+		DMERR("%s: metadata could not be written back",
+		      dm_table_device_name(ti->table));
 	qcow2_close_image(q);
 	qcow2_io_close(ti, &q->io);
 	qcow2_free(q);
@@ -226,10 +228,21 @@ static int qcow2_map(struct dm_target *ti, struct bio *bio)
 	return qcow2_map_bio(ti->private, bio);
 }
 
+/* Suspended: every bio has completed; make the image consistent on disk. */
+static void qcow2_postsuspend(struct dm_target *ti)
+{
+	struct qcow2 *q = ti->private;
+
+	if (qcow2_deactivate(q))
+		DMERR("%s: metadata could not be written back on suspend",
+		      dm_table_device_name(ti->table));
+}
+
 /*
  * Status (INFO):
  *   <mode> <virtual_sectors> <cluster_bytes> <cache_bytes>/<cache_max_bytes>
  *   <cache_hits> <cache_misses> <cache_evictions> <health>
+ *   <allocated_clusters> <dirty_slices>
  */
 static void qcow2_status(struct dm_target *ti, status_type_t type,
 			 unsigned int status_flags, char *result,
@@ -242,13 +255,19 @@ static void qcow2_status(struct dm_target *ti, status_type_t type,
 	switch (type) {
 	case STATUSTYPE_INFO:
 		qcow2_cache_get_stats(&q->cache, &st);
-		DMEMIT("%s %llu %u %llu/%llu %llu %llu %llu %s",
-		       mode_name(q->mode), q->hdr.size >> SECTOR_SHIFT,
-		       q->hdr.cluster_size,
+		DMEMIT("%s %llu %u %llu/%llu %llu %llu %llu %s ",
+		       mode_name(READ_ONCE(q->mode)),
+		       q->hdr.size >> SECTOR_SHIFT, q->hdr.cluster_size,
 		       (u64)st.slices * st.slice_size,
 		       (u64)st.max_slices * st.slice_size,
 		       st.hits, st.misses, st.evictions,
 		       test_bit(QCOW2_F_CORRUPT, &q->flags) ? "corrupt" : "ok");
+		/* Read-only tables do not read the refcounts */
+		if (q->writable)
+			DMEMIT("%lld %lu", (s64)atomic64_read(&q->allocated),
+			       st.dirty);
+		else
+			DMEMIT("- %lu", st.dirty);
 		break;
 	case STATUSTYPE_TABLE:
 		DMEMIT("%s", q->table_args);
@@ -292,6 +311,7 @@ static struct target_type qcow2_target = {
 	.ctr = qcow2_ctr,
 	.dtr = qcow2_dtr,
 	.map = qcow2_map,
+	.postsuspend = qcow2_postsuspend,
 	.status = qcow2_status,
 	.iterate_devices = qcow2_iterate_devices,
 	.io_hints = qcow2_io_hints,

@@ -15,6 +15,8 @@
 #include <linux/device-mapper.h>
 #include <linux/fs.h>
 #include <linux/list.h>
+#include <linux/mutex.h>
+#include <linux/rwsem.h>
 #include <linux/spinlock.h>
 #include <linux/wait.h>
 #include <linux/workqueue.h>
@@ -44,6 +46,12 @@ int qcow2_io_open(struct dm_target *ti, struct qcow2_io *io,
 		  const char *path, bool writable);
 void qcow2_io_close(struct dm_target *ti, struct qcow2_io *io);
 int qcow2_io_read_meta(struct qcow2_io *io, void *buf, size_t len, u64 off);
+int qcow2_io_write_meta(struct qcow2_io *io, void *buf, size_t len, u64 off);
+int qcow2_io_write_data(struct qcow2_io *io, const struct bio_vec *bv,
+			unsigned int nr, size_t len, u64 off);
+int qcow2_io_flush(struct qcow2_io *io);
+unsigned int qcow2_buf_to_bvec(struct bio_vec *bv, unsigned int max,
+			       void *buf, size_t len);
 void qcow2_io_file_submit(struct qcow2_io *io, struct bio *bio, u64 pos);
 void qcow2_io_bdev_remap(struct qcow2_io *io, struct bio *bio, u64 pos);
 
@@ -51,12 +59,18 @@ void qcow2_io_bdev_remap(struct qcow2_io *io, struct bio *bio, u64 pos);
 
 struct qcow2_slice;
 
+enum qcow2_slice_kind {
+	QCOW2_SLICE_L2 = 0,
+	QCOW2_SLICE_REFCOUNT = 1,
+};
+
 struct qcow2_cache_stats {
 	u64 hits;
 	u64 misses;
 	u64 evictions;
 	unsigned long slices;
 	unsigned long max_slices;
+	unsigned long dirty;
 	unsigned int slice_size;
 };
 
@@ -64,13 +78,17 @@ struct qcow2_cache {
 	spinlock_t lock;		/* protects everything below */
 	struct hlist_head *hash;
 	unsigned int hash_bits;
-	struct list_head lru;		/* unpinned slices, oldest first */
+	struct list_head lru;		/* clean unpinned slices, oldest first */
+	struct list_head dirty;		/* dirty slices, pinned or not */
 	wait_queue_head_t wait;		/* loads finishing, slices unpinned */
 	unsigned long nr_slices;
 	unsigned long max_slices;
+	unsigned long nr_dirty;
 	unsigned int slice_size;
 	u64 hits, misses, evictions;
 	struct qcow2_io *io;
+	void (*kick_writeback)(void *owner);	/* cache full of dirt */
+	void *owner;
 };
 
 #define QCOW2_CACHE_MIN_SLICES	64
@@ -78,12 +96,19 @@ struct qcow2_cache {
 int qcow2_cache_init(struct qcow2_cache *c, struct qcow2_io *io,
 		     unsigned int slice_size, u64 bytes);
 void qcow2_cache_exit(struct qcow2_cache *c);
-int qcow2_cache_read(struct qcow2_cache *c, u64 slice_off, u32 off,
-		     void *buf, u32 len, bool can_block);
+int qcow2_cache_read(struct qcow2_cache *c, enum qcow2_slice_kind kind,
+		     u64 slice_off, u32 off, void *buf, u32 len, bool can_block);
+struct qcow2_slice *qcow2_cache_pin(struct qcow2_cache *c,
+				    enum qcow2_slice_kind kind, u64 slice_off);
+void qcow2_cache_unpin(struct qcow2_cache *c, struct qcow2_slice *s);
+int qcow2_cache_modify(struct qcow2_cache *c, struct qcow2_slice *s,
+		       int (*fn)(void *data, void *arg), void *arg);
+int qcow2_cache_write_dirty(struct qcow2_cache *c, enum qcow2_slice_kind kind);
+unsigned long qcow2_cache_nr_dirty(struct qcow2_cache *c);
 void qcow2_cache_get_stats(struct qcow2_cache *c,
 			   struct qcow2_cache_stats *st);
 
-/* ---- Mapping (dm-qcow2-map.c) ---- */
+/* ---- The image (dm-qcow2-meta.c) and mapping (dm-qcow2-map.c) ---- */
 
 enum qcow2_mode {
 	QCOW2_MODE_RW,
@@ -96,18 +121,44 @@ struct qcow2 {
 	struct qcow2_header hdr;
 	struct qcow2_io io;
 	struct qcow2_cache cache;
+	bool writable;			/* the table is read-write */
 
 	u64 *l1;			/* active L1 table, CPU byte order */
-	u32 l1_entries;			/* entries loaded (cover the size) */
+	u32 l1_entries;			/* entries that map the virtual size */
+	u32 l1_loaded;			/* entries in memory (whole blocks) */
+	u64 *reftable;			/* writable only, CPU byte order */
+	u32 rt_entries;
+	u8 *hdr_block;			/* first meta_block bytes of the image */
+	unsigned int meta_block;	/* unit of in-place table writes */
 
-	struct workqueue_struct *meta_wq;	/* cache misses */
+	/*
+	 * Lock order: alloc_lock, then sync_lock, then meta_sem.
+	 * alloc_lock serialises cluster allocation and L1/refcount-table
+	 * changes. meta_sem is taken shared around every change to a cached
+	 * L2 or refcount slice, and exclusively by qcow2_sync() while it
+	 * writes them, so that what it writes is one consistent state.
+	 */
+	struct mutex alloc_lock;
+	struct mutex sync_lock;		/* one writeback at a time */
+	struct rw_semaphore meta_sem;
+	u64 free_cursor;		/* first cluster that may be free */
+	atomic64_t allocated;		/* clusters with a non-zero refcount */
+	bool dirty_bit_set;		/* lazy refcounts: we set the dirty bit */
+
+	spinlock_t lock;		/* inflight and frees */
+	struct hlist_head inflight[64];	/* clusters being allocated */
+	wait_queue_head_t inflight_wait;
+	struct list_head frees;		/* refcount decreases waiting for L2 */
+
+	struct workqueue_struct *meta_wq;	/* cache misses, allocation */
 	struct workqueue_struct *io_wq;		/* file data submission */
+	struct workqueue_struct *sync_wq;	/* writeback, events */
+	struct work_struct sync_work;	/* cache full of dirty slices */
+	struct work_struct event_work;	/* dm_table_event() may sleep */
 
 	enum qcow2_mode mode;
 	unsigned long flags;		/* QCOW2_F_* */
 	atomic64_t corruptions;		/* bad metadata met at run time */
-
-	struct work_struct event_work;	/* dm_table_event() may sleep */
 
 	/* The table as given, for STATUSTYPE_TABLE */
 	char *table_args;
@@ -115,6 +166,7 @@ struct qcow2 {
 };
 
 #define QCOW2_F_CORRUPT		0	/* corruption seen, event raised */
+#define QCOW2_F_META_ERROR	1	/* a metadata write failed */
 
 /* Per-bio data */
 struct qcow2_bio {
@@ -124,10 +176,25 @@ struct qcow2_bio {
 	atomic_t ref;			/* file I/O: submitter + completion */
 	long ret;			/* file I/O: result of the kiocb */
 	u64 pos;			/* file I/O: byte offset in the image */
+	struct hlist_node inflight;	/* allocating write: its cluster */
+	u64 vcluster;
 };
 
+/* dm-qcow2-meta.c */
 int qcow2_open_image(struct qcow2 *q, const char **err);
 void qcow2_close_image(struct qcow2 *q);
+int qcow2_corrupt(struct qcow2 *q, u64 voff, const char *what);
+const char *qcow2_host_cluster_check(struct qcow2 *q, u64 off);
+int qcow2_sync(struct qcow2 *q);
+int qcow2_alloc_cluster(struct qcow2 *q, u64 *host);
+int qcow2_refcount_update(struct qcow2 *q, u64 host, int delta);
+void qcow2_defer_free(struct qcow2 *q, u64 host);
+int qcow2_l2_for_write(struct qcow2 *q, u64 voff, u64 *l2_off);
+int qcow2_set_l2_entry(struct qcow2 *q, u64 l2_off, u64 voff, u64 entry);
+void qcow2_meta_error(struct qcow2 *q, int err);
+int qcow2_deactivate(struct qcow2 *q);
+
+/* dm-qcow2-map.c */
 int qcow2_map_bio(struct qcow2 *q, struct bio *bio);
 
 #endif /* DM_QCOW2_H */

@@ -1,0 +1,1143 @@
+// SPDX-License-Identifier: GPL-2.0-only
+/*
+ * dm-qcow2: the image's metadata: opening and validating it, refcounts,
+ * cluster allocation, L1/L2 table changes, and writing it all back in an
+ * order that keeps the image consistent across a crash.
+ *
+ * Crash ordering (never weaker than QEMU's, see FORMAT.md):
+ *  - A cluster's refcount is raised in the cache before any table entry
+ *    points at it; qcow2_sync() writes refcount slices, flushes, then
+ *    writes L2 slices and flushes, so no L2 entry reaches the disk before
+ *    the refcount it depends on, nor before the data written to the
+ *    cluster (all data writes had completed before the entry was set).
+ *  - qcow2_sync() holds meta_sem exclusively while it writes, so the L2
+ *    and refcount slices it writes are one consistent state.
+ *  - Refcount decreases wait on the frees list until a qcow2_sync() has
+ *    made the L2 change that dropped the reference durable.
+ *  - A new L2 table is written, its refcount synced, and only then is the
+ *    L1 entry written (and flushed) and put in memory. New refcount blocks
+ *    and a grown refcount table are written and flushed before the
+ *    refcount table entry or the header that points at them.
+ * A crash can therefore leak clusters, never leave a reference to a
+ * cluster whose refcount is zero.
+ */
+#include <linux/slab.h>
+#include <linux/vmalloc.h>
+
+#include "dm-qcow2.h"
+
+#define QCOW2_MAX_SLICE_SIZE	4096U
+#define QCOW2_DEFAULT_CACHE	(4ULL << 20)
+
+struct qcow2_free {
+	struct list_head list;
+	u64 host;
+};
+
+/* ---- Errors ---- */
+
+static const char *devname(struct qcow2 *q)
+{
+	return dm_table_device_name(q->ti->table);
+}
+
+static int write_header(struct qcow2 *q);
+
+/*
+ * Runs in process context (system workqueue, never behind our own sync
+ * work) for dm_table_event(); marks a writable image corrupt on disk so
+ * that QEMU will not trust it either.
+ */
+static void qcow2_event_work(struct work_struct *work)
+{
+	struct qcow2 *q = container_of(work, struct qcow2, event_work);
+
+	if (q->writable && test_bit(QCOW2_F_CORRUPT, &q->flags) &&
+	    !(q->hdr.incompatible_features & QCOW2_INCOMPAT_CORRUPT)) {
+		mutex_lock(&q->alloc_lock);
+		q->hdr.incompatible_features |= QCOW2_INCOMPAT_CORRUPT;
+		if (write_header(q))
+			DMERR("%s: cannot mark the image corrupt", devname(q));
+		mutex_unlock(&q->alloc_lock);
+	}
+	dm_table_event(q->ti->table);
+}
+
+/* The target only moves towards safety: rw -> ro -> fail. */
+static void set_mode(struct qcow2 *q, enum qcow2_mode mode)
+{
+	if (mode <= READ_ONCE(q->mode))
+		return;
+	WRITE_ONCE(q->mode, mode);
+	schedule_work(&q->event_work);
+}
+
+/*
+ * Bad metadata met at run time: fail the I/O, say what was wrong, stop
+ * writing, and raise a dm event so that monitoring notices. Reads that do
+ * not meet the bad entry carry on.
+ */
+int qcow2_corrupt(struct qcow2 *q, u64 voff, const char *what)
+{
+	atomic64_inc(&q->corruptions);
+	DMERR_LIMIT("%s: corrupt image: %s (guest offset %llu)",
+		    devname(q), what, voff);
+	if (!test_and_set_bit(QCOW2_F_CORRUPT, &q->flags)) {
+		if (q->writable)
+			WRITE_ONCE(q->mode, QCOW2_MODE_RO);
+		schedule_work(&q->event_work);
+	}
+	return -EUCLEAN;
+}
+
+/* A metadata write failed: the on-disk state is unknown, stop writing. */
+void qcow2_meta_error(struct qcow2 *q, int err)
+{
+	DMERR_LIMIT("%s: metadata write failed (%d): device is now read-only",
+		    devname(q), err);
+	set_bit(QCOW2_F_META_ERROR, &q->flags);
+	set_mode(q, QCOW2_MODE_RO);
+}
+
+/* ---- Host offset checks ---- */
+
+static bool ranges_overlap(u64 a, u64 alen, u64 b, u64 blen)
+{
+	return a < b + blen && b < a + alen;
+}
+
+/* Does the cluster at @off overlap the header, L1 or refcount table? */
+static bool overlaps_metadata(struct qcow2 *q, u64 off, u64 len)
+{
+	const struct qcow2_header *h = &q->hdr;
+
+	return off < h->cluster_size ||
+	       ranges_overlap(off, len, h->l1_table_offset,
+			      (u64)h->l1_size * sizeof(u64)) ||
+	       ranges_overlap(off, len, h->refcount_table_offset,
+			      (u64)h->refcount_table_clusters << h->cluster_bits);
+}
+
+/*
+ * Where a cluster at @off may not be: in the header, past the end of the
+ * image, or over the L1 or refcount table. Returns NULL when it is fine.
+ */
+const char *qcow2_host_cluster_check(struct qcow2 *q, u64 off)
+{
+	const struct qcow2_header *h = &q->hdr;
+	u64 len = h->cluster_size, size = READ_ONCE(q->io.size);
+
+	if (off < len)
+		return "overlaps the header";
+	if (off >= QCOW2_MAX_HOST_OFFSET)
+		return "offset beyond 2^56";
+	if (off > size || len > size - off)
+		return "offset past the end of the image";
+	if (ranges_overlap(off, len, h->l1_table_offset,
+			   (u64)h->l1_size * sizeof(u64)))
+		return "overlaps the L1 table";
+	if (ranges_overlap(off, len, h->refcount_table_offset,
+			   (u64)h->refcount_table_clusters << h->cluster_bits))
+		return "overlaps the refcount table";
+	return NULL;
+}
+
+/* ---- In-place writes of the header and of L1/refcount table entries ---- */
+
+/* Write back the fields we change, then make them durable. */
+static int write_header(struct qcow2 *q)
+{
+	const struct qcow2_header *h = &q->hdr;
+	u8 *b = q->hdr_block;
+	int r;
+
+	qcow2_put_be64(b + QCOW2_HDR_REFTABLE_OFF, h->refcount_table_offset);
+	qcow2_put_be32(b + QCOW2_HDR_REFTABLE_CLUSTERS_OFF,
+		       h->refcount_table_clusters);
+	if (h->version >= 3) {
+		qcow2_put_be64(b + QCOW2_HDR_INCOMPAT_OFF,
+			       h->incompatible_features);
+		qcow2_put_be64(b + QCOW2_HDR_AUTOCLEAR_OFF,
+			       h->autoclear_features);
+	}
+	r = qcow2_io_write_meta(&q->io, b, q->meta_block, 0);
+	if (!r)
+		r = qcow2_io_flush(&q->io);
+	return r;
+}
+
+/*
+ * Write the block of an in-memory table (CPU byte order, padded to whole
+ * blocks) that holds entry @idx, with that entry set to @val, at
+ * @table_off in the image. The caller updates memory once it is durable.
+ */
+static int write_table_block(struct qcow2 *q, const u64 *table, u64 idx,
+			     u64 val, u64 table_off)
+{
+	unsigned int per_block = q->meta_block / sizeof(u64), i;
+	u64 first = round_down(idx, per_block);
+	__be64 *buf;
+	int r;
+
+	buf = kmalloc(q->meta_block, GFP_NOIO);
+	if (!buf)
+		return -ENOMEM;
+	for (i = 0; i < per_block; i++)
+		buf[i] = cpu_to_be64(first + i == idx ? val : table[first + i]);
+	r = qcow2_io_write_meta(&q->io, buf, q->meta_block,
+				table_off + first * sizeof(u64));
+	kfree(buf);
+	return r;
+}
+
+/* ---- Refcounts ---- */
+
+struct refcount_change {
+	u32 index;		/* entry within the slice */
+	u32 order;
+	int delta;
+	u64 result;
+};
+
+static int refcount_apply(void *data, void *arg)
+{
+	struct refcount_change *rc = arg;
+	u64 val = qcow2_refcount_get(data, rc->index, rc->order);
+
+	if (rc->delta < 0 && !val)
+		return -EUCLEAN;
+	if (rc->delta > 0 && val == qcow2_refcount_max(rc->order))
+		return -EOVERFLOW;
+	rc->result = val + rc->delta;
+	qcow2_refcount_set(data, rc->index, rc->order, rc->result);
+	return 0;
+}
+
+/*
+ * Where the refcount of host cluster @cluster lives: the slice offset and
+ * the entry within it. Returns 0 with *slice_off == 0 when the refcount
+ * table has no block for it.
+ */
+static int refcount_locate(struct qcow2 *q, u64 cluster, u64 *slice_off,
+			   u32 *index)
+{
+	const struct qcow2_header *h = &q->hdr;
+	u32 rb_bits = qcow2_refblock_bits(h);
+	u32 per_slice = (q->cache.slice_size * 8) >> h->refcount_order;
+	u64 rt = cluster >> rb_bits, in_block, block;
+	const char *err;
+
+	*slice_off = 0;
+	if (rt >= q->rt_entries)
+		return 0;
+	if (qcow2_reftable_decode(h, q->reftable[rt], &block, &err))
+		return qcow2_corrupt(q, 0, err);
+	if (!block)
+		return 0;
+	if (qcow2_host_cluster_check(q, block))
+		return qcow2_corrupt(q, 0, "refcount block outside the image");
+	in_block = cluster & ((1ULL << rb_bits) - 1);
+	*slice_off = block + (in_block / per_slice) * q->cache.slice_size;
+	*index = in_block % per_slice;
+	return 0;
+}
+
+/*
+ * Change a refcount by @delta; may sleep to load the refcount block.
+ * alloc_lock keeps the refcount table still meanwhile.
+ */
+static int refcount_update_locked(struct qcow2 *q, u64 host, int delta)
+{
+	struct refcount_change rc = { .order = q->hdr.refcount_order,
+				      .delta = delta };
+	u64 cluster = host >> q->hdr.cluster_bits, slice_off;
+	struct qcow2_slice *s;
+	int r;
+
+	r = refcount_locate(q, cluster, &slice_off, &rc.index);
+	if (r)
+		return r;
+	if (!slice_off)
+		return qcow2_corrupt(q, 0, "refcount of a cluster without a refcount block");
+	s = qcow2_cache_pin(&q->cache, QCOW2_SLICE_REFCOUNT, slice_off);
+	if (IS_ERR(s))
+		return PTR_ERR(s);
+	down_read(&q->meta_sem);
+	r = qcow2_cache_modify(&q->cache, s, refcount_apply, &rc);
+	up_read(&q->meta_sem);
+	qcow2_cache_unpin(&q->cache, s);
+	if (r == -EUCLEAN)
+		return qcow2_corrupt(q, 0, "refcount would drop below zero");
+	if (r)
+		return r;
+	if (delta > 0 && rc.result == 1)
+		atomic64_inc(&q->allocated);
+	else if (delta < 0 && !rc.result)
+		atomic64_dec(&q->allocated);
+	return 0;
+}
+
+int qcow2_refcount_update(struct qcow2 *q, u64 host, int delta)
+{
+	int r;
+
+	mutex_lock(&q->alloc_lock);
+	r = refcount_update_locked(q, host, delta);
+	mutex_unlock(&q->alloc_lock);
+	return r;
+}
+
+/*
+ * Queue a refcount decrease until the next qcow2_sync() has written the
+ * L2 change that dropped the reference.
+ */
+void qcow2_defer_free(struct qcow2 *q, u64 host)
+{
+	struct qcow2_free *f = kmalloc(sizeof(*f), GFP_NOIO);
+
+	if (!f)
+		return;		/* the cluster leaks: allowed, never unsafe */
+	f->host = host;
+	spin_lock(&q->lock);
+	list_add_tail(&f->list, &q->frees);
+	spin_unlock(&q->lock);
+}
+
+/* Called with alloc_lock held. */
+static void apply_frees(struct qcow2 *q, struct list_head *frees)
+{
+	struct qcow2_free *f, *tmp;
+
+	list_for_each_entry_safe(f, tmp, frees, list) {
+		if (refcount_update_locked(q, f->host, -1))
+			DMERR_LIMIT("%s: cannot free cluster at %llu",
+				    devname(q), f->host);
+		list_del(&f->list);
+		kfree(f);
+	}
+}
+
+/* ---- Writeback ---- */
+
+/*
+ * Make every write completed so far, and the metadata it needs, durable:
+ * refcounts first, a flush, then L2 tables, a flush. Then apply the
+ * refcount decreases whose L2 changes are now on disk; they are written
+ * by the next sync.
+ */
+static int sync_locked(struct qcow2 *q, struct list_head *frees)
+{
+	int r;
+
+	mutex_lock(&q->sync_lock);
+	down_write(&q->meta_sem);
+	r = qcow2_cache_write_dirty(&q->cache, QCOW2_SLICE_REFCOUNT);
+	if (!r)
+		r = qcow2_io_flush(&q->io);
+	if (!r && qcow2_cache_nr_dirty(&q->cache)) {
+		r = qcow2_cache_write_dirty(&q->cache, QCOW2_SLICE_L2);
+		if (!r)
+			r = qcow2_io_flush(&q->io);
+	}
+	if (!r) {
+		spin_lock(&q->lock);
+		list_splice_tail_init(&q->frees, frees);
+		spin_unlock(&q->lock);
+	}
+	up_write(&q->meta_sem);
+	mutex_unlock(&q->sync_lock);
+	if (r)
+		qcow2_meta_error(q, r);
+	return r;
+}
+
+int qcow2_sync(struct qcow2 *q)
+{
+	LIST_HEAD(frees);
+	int r;
+
+	r = sync_locked(q, &frees);
+	mutex_lock(&q->alloc_lock);
+	apply_frees(q, &frees);
+	mutex_unlock(&q->alloc_lock);
+	return r;
+}
+
+static void sync_work_fn(struct work_struct *work)
+{
+	qcow2_sync(container_of(work, struct qcow2, sync_work));
+}
+
+static void kick_writeback(void *owner)
+{
+	struct qcow2 *q = owner;
+
+	queue_work(q->sync_wq, &q->sync_work);
+}
+
+/* ---- Allocation ---- */
+
+/* The lazy-refcounts dirty bit goes to disk before the first change. */
+static int mark_dirty_once(struct qcow2 *q)
+{
+	struct qcow2_header *h = &q->hdr;
+	int r;
+
+	if (q->dirty_bit_set ||
+	    !(h->compatible_features & QCOW2_COMPAT_LAZY_REFCOUNTS))
+		return 0;
+	h->incompatible_features |= QCOW2_INCOMPAT_DIRTY;
+	r = write_header(q);
+	if (r)
+		return r;
+	q->dirty_bit_set = true;
+	return 0;
+}
+
+static u64 clusters_per_block(struct qcow2 *q)
+{
+	return 1ULL << qcow2_refblock_bits(&q->hdr);
+}
+
+/* A block device has a fixed size; a file grows. */
+static bool cluster_fits(struct qcow2 *q, u64 cluster, u64 count)
+{
+	u64 end = (cluster + count) << q->hdr.cluster_bits;
+
+	if (end > QCOW2_MAX_HOST_OFFSET)
+		return false;
+	return !q->io.dev || end <= q->io.size;
+}
+
+/* A zeroed cluster buffer, optionally with refcounts set to one. */
+static void *new_refblock(struct qcow2 *q, u64 first, u64 start, u64 count)
+{
+	u64 c, per = clusters_per_block(q);
+	void *buf = kvzalloc(q->hdr.cluster_size, GFP_NOIO);
+
+	if (!buf)
+		return NULL;
+	for (c = start; c < start + count; c++)
+		if (c >= first && c < first + per)
+			qcow2_refcount_set(buf, c - first,
+					   q->hdr.refcount_order, 1);
+	return buf;
+}
+
+/*
+ * The refcount table has no block for the clusters around @cluster, which
+ * is free: put the new block there, describing itself, write and flush
+ * it, then point the table at it. Called with alloc_lock held.
+ */
+static int add_refblock(struct qcow2 *q, u64 cluster)
+{
+	u64 rt = cluster >> qcow2_refblock_bits(&q->hdr);
+	u64 first = rt << qcow2_refblock_bits(&q->hdr);
+	u64 off = cluster << q->hdr.cluster_bits;
+	void *buf;
+	int r;
+
+	if (!cluster_fits(q, cluster, 1))
+		return -ENOSPC;
+	if (overlaps_metadata(q, off, q->hdr.cluster_size))
+		return qcow2_corrupt(q, 0, "metadata cluster has no refcount block");
+	buf = new_refblock(q, first, cluster, 1);
+	if (!buf)
+		return -ENOMEM;
+	r = qcow2_io_write_meta(&q->io, buf, q->hdr.cluster_size, off);
+	kvfree(buf);
+	if (!r)
+		r = qcow2_io_flush(&q->io);
+	if (r)
+		return r;
+	r = write_table_block(q, q->reftable, rt, off,
+			      q->hdr.refcount_table_offset);
+	if (!r)
+		r = qcow2_io_flush(&q->io);
+	if (r)
+		return r;
+	q->reftable[rt] = off;
+	atomic64_inc(&q->allocated);
+	return 0;
+}
+
+/*
+ * Lay out, at cluster @start, @nb new refcount blocks followed by a new
+ * refcount table of @tc clusters, the blocks covering themselves and the
+ * table. Returns the number of blocks needed, which may exceed @nb.
+ */
+static u64 reftable_layout_blocks(struct qcow2 *q, u64 start, u64 nb, u64 tc)
+{
+	u32 bits = qcow2_refblock_bits(&q->hdr);
+
+	return ((start + nb + tc - 1) >> bits) - (start >> bits) + 1;
+}
+
+static int write_refblocks(struct qcow2 *q, u64 start, u64 nb, u64 total)
+{
+	u32 bits = qcow2_refblock_bits(&q->hdr);
+	u64 i, first;
+	void *buf;
+	int r = 0;
+
+	for (i = 0; i < nb && !r; i++) {
+		first = ((start >> bits) + i) << bits;
+		buf = new_refblock(q, first, start, total);
+		if (!buf)
+			return -ENOMEM;
+		r = qcow2_io_write_meta(&q->io, buf, q->hdr.cluster_size,
+					(start + i) << q->hdr.cluster_bits);
+		kvfree(buf);
+	}
+	return r;
+}
+
+static int write_reftable(struct qcow2 *q, const u64 *table, u64 clusters,
+			  u64 off)
+{
+	size_t len = clusters << q->hdr.cluster_bits, i;
+	__be64 *buf = kvmalloc(len, GFP_NOIO);
+	int r;
+
+	if (!buf)
+		return -ENOMEM;
+	for (i = 0; i < len / sizeof(u64); i++)
+		buf[i] = cpu_to_be64(table[i]);
+	r = qcow2_io_write_meta(&q->io, buf, len, off);
+	kvfree(buf);
+	return r;
+}
+
+/*
+ * Grow the refcount table so that it has entry @need_rt. The new blocks
+ * and table go at the free cursor, past everything the old table covers;
+ * they are written and flushed, then the header is switched with one
+ * write, then the old table's clusters are freed. Called with alloc_lock.
+ */
+static int grow_reftable(struct qcow2 *q, u64 need_rt)
+{
+	struct qcow2_header *h = &q->hdr;
+	u64 per_cluster = h->cluster_size / sizeof(u64);
+	u64 start = q->free_cursor, entries, tc, nb = 1, i;
+	u64 old_off = h->refcount_table_offset;
+	u32 old_clusters = h->refcount_table_clusters, bits;
+	u64 *table;
+	int r;
+
+	bits = qcow2_refblock_bits(h);
+	entries = max_t(u64, (u64)q->rt_entries * 2, need_rt + 1);
+	/* Both only grow, so this settles */
+	for (;;) {
+		u64 want, last_rt;
+
+		tc = DIV_ROUND_UP(entries, per_cluster);
+		want = reftable_layout_blocks(q, start, nb, tc);
+		last_rt = (start + want + tc - 1) >> bits;
+		if (want == nb && last_rt < tc * per_cluster)
+			break;
+		nb = max(nb, want);
+		entries = max(entries, last_rt + 1);
+	}
+	if (tc * h->cluster_size > QCOW2_MAX_REFTABLE_BYTES)
+		return -ENOSPC;
+	if (!cluster_fits(q, start, nb + tc))
+		return -ENOSPC;
+	if (overlaps_metadata(q, start << h->cluster_bits,
+			      (nb + tc) << h->cluster_bits))
+		return qcow2_corrupt(q, 0, "metadata beyond the refcount table");
+
+	table = kvzalloc(tc * h->cluster_size, GFP_NOIO);
+	if (!table)
+		return -ENOMEM;
+	memcpy(table, q->reftable, q->rt_entries * sizeof(u64));
+	for (i = 0; i < nb; i++)
+		table[(start >> bits) + i] = (start + i) << h->cluster_bits;
+
+	r = write_refblocks(q, start, nb, nb + tc);
+	if (!r)
+		r = write_reftable(q, table, tc, (start + nb) << h->cluster_bits);
+	if (!r)
+		r = qcow2_io_flush(&q->io);
+	if (r)
+		goto out_free;
+
+	h->refcount_table_offset = (start + nb) << h->cluster_bits;
+	h->refcount_table_clusters = tc;
+	r = write_header(q);
+	if (r) {
+		h->refcount_table_offset = old_off;
+		h->refcount_table_clusters = old_clusters;
+		goto out_free;
+	}
+	swap(q->reftable, table);
+	q->rt_entries = tc * per_cluster;
+	q->free_cursor = start + nb + tc;
+	atomic64_add(nb + tc, &q->allocated);
+
+	/* The header no longer points at the old table: free it */
+	for (i = 0; i < old_clusters; i++)
+		refcount_update_locked(q, old_off + (i << h->cluster_bits), -1);
+out_free:
+	kvfree(table);
+	return r;
+}
+
+struct refcount_scan {
+	u32 from;		/* first entry to look at */
+	u32 count;		/* entries in the slice */
+	u32 order;
+	u32 found;		/* entry set to one, or count */
+};
+
+/* Find a zero refcount in a slice and take it, atomically. */
+static int refcount_take_free(void *data, void *arg)
+{
+	struct refcount_scan *sc = arg;
+	u32 i;
+
+	for (i = sc->from; i < sc->count; i++) {
+		if (!qcow2_refcount_get(data, i, sc->order)) {
+			qcow2_refcount_set(data, i, sc->order, 1);
+			sc->found = i;
+			return 0;
+		}
+	}
+	sc->found = sc->count;
+	return -ENOENT;
+}
+
+/* Try to take a free cluster from the slice holding @cluster's refcount */
+static int take_from_slice(struct qcow2 *q, u64 cluster, u64 slice_off,
+			   u32 index, u64 *taken)
+{
+	struct refcount_scan sc = {
+		.from = index, .order = q->hdr.refcount_order,
+		.count = (q->cache.slice_size * 8) >> q->hdr.refcount_order,
+	};
+	struct qcow2_slice *s;
+	int r;
+
+	s = qcow2_cache_pin(&q->cache, QCOW2_SLICE_REFCOUNT, slice_off);
+	if (IS_ERR(s))
+		return PTR_ERR(s);
+	down_read(&q->meta_sem);
+	r = qcow2_cache_modify(&q->cache, s, refcount_take_free, &sc);
+	up_read(&q->meta_sem);
+	qcow2_cache_unpin(&q->cache, s);
+	*taken = cluster + (sc.found - index);
+	return r;
+}
+
+/* A cluster taken from a corrupt refcount block must not be used. */
+static int check_taken(struct qcow2 *q, u64 cluster)
+{
+	u64 off = cluster << q->hdr.cluster_bits;
+
+	atomic64_inc(&q->allocated);
+	if (!cluster_fits(q, cluster, 1)) {
+		refcount_update_locked(q, off, -1);	/* give it back */
+		return -ENOSPC;
+	}
+	if (overlaps_metadata(q, off, q->hdr.cluster_size))
+		return qcow2_corrupt(q, 0, "metadata cluster has refcount zero");
+	return 0;
+}
+
+static int alloc_locked(struct qcow2 *q, u64 *host)
+{
+	u64 cluster, slice_off, taken;
+	u32 index;
+	int r;
+
+	r = mark_dirty_once(q);
+	if (r)
+		return r;
+	for (;;) {
+		cluster = q->free_cursor;
+		if (cluster >> qcow2_refblock_bits(&q->hdr) >= q->rt_entries) {
+			r = grow_reftable(q, cluster >>
+					  qcow2_refblock_bits(&q->hdr));
+			if (r)
+				return r;
+			continue;
+		}
+		r = refcount_locate(q, cluster, &slice_off, &index);
+		if (r)
+			return r;
+		if (!slice_off) {
+			r = add_refblock(q, cluster);
+			if (r)
+				return r;
+			continue;	/* @cluster now holds the block */
+		}
+		r = take_from_slice(q, cluster, slice_off, index, &taken);
+		if (r == -ENOENT) {
+			q->free_cursor = taken;	/* past this slice */
+			continue;
+		}
+		if (r)
+			return r;
+		q->free_cursor = taken + 1;
+		r = check_taken(q, taken);
+		if (r)
+			return r;
+		*host = taken << q->hdr.cluster_bits;
+		return 0;
+	}
+}
+
+/*
+ * Allocate one host cluster: its refcount is one in the cache when this
+ * returns. Clusters freed below the cursor are reused after the next
+ * activation.
+ */
+int qcow2_alloc_cluster(struct qcow2 *q, u64 *host)
+{
+	int r;
+
+	mutex_lock(&q->alloc_lock);
+	r = alloc_locked(q, host);
+	mutex_unlock(&q->alloc_lock);
+	return r;
+}
+
+/* ---- L1 and L2 changes ---- */
+
+/*
+ * Fill a new L2 table at @new_off: a copy of the shared table at @old_off,
+ * or zeros, written and made durable together with its refcount.
+ */
+static int write_new_l2(struct qcow2 *q, u64 old_off, u64 new_off)
+{
+	u32 size = q->hdr.cluster_size;
+	void *buf = kvzalloc(size, GFP_NOIO);
+	int r = 0;
+
+	if (!buf)
+		return -ENOMEM;
+	if (old_off)
+		r = qcow2_io_read_meta(&q->io, buf, size, old_off);
+	if (!r)
+		r = qcow2_io_write_meta(&q->io, buf, size, new_off);
+	kvfree(buf);
+	return r;
+}
+
+/*
+ * Return a writable L2 table (COPIED in L1) for guest offset @voff,
+ * allocating it, or copying a table shared with a snapshot. The L1 entry
+ * is written only once the table and its refcount are durable, and the
+ * in-memory L1 is updated last, so no bio ever uses a table whose L1
+ * entry could be lost. Called from workers; takes alloc_lock.
+ */
+int qcow2_l2_for_write(struct qcow2 *q, u64 voff, u64 *l2_off)
+{
+	u64 idx = qcow2_l1_index(&q->hdr, voff), old_l2, new_l2, entry;
+	const char *err;
+	LIST_HEAD(frees);
+	int r;
+
+	mutex_lock(&q->alloc_lock);
+	entry = READ_ONCE(q->l1[idx]);
+	r = qcow2_l1_decode(&q->hdr, entry, &old_l2, &err);
+	if (r) {
+		r = qcow2_corrupt(q, voff, err);
+		goto out;
+	}
+	if (old_l2 && (entry & QCOW2_OFLAG_COPIED)) {
+		*l2_off = old_l2;
+		goto out;
+	}
+	r = alloc_locked(q, &new_l2);
+	if (r)
+		goto out;
+	r = write_new_l2(q, old_l2, new_l2);
+	if (!r)
+		r = sync_locked(q, &frees);
+	apply_frees(q, &frees);
+	if (r) {
+		refcount_update_locked(q, new_l2, -1);
+		goto out;
+	}
+	entry = new_l2 | QCOW2_OFLAG_COPIED;
+	r = write_table_block(q, q->l1, idx, entry, q->hdr.l1_table_offset);
+	if (!r)
+		r = qcow2_io_flush(&q->io);
+	if (r) {
+		qcow2_meta_error(q, r);
+		goto out;
+	}
+	WRITE_ONCE(q->l1[idx], entry);
+	/* The old table stays the snapshot's; we drop our reference */
+	if (old_l2)
+		refcount_update_locked(q, old_l2, -1);
+	*l2_off = new_l2;
+out:
+	mutex_unlock(&q->alloc_lock);
+	return r;
+}
+
+struct l2_change {
+	u32 byte;
+	u64 entry;
+};
+
+static int l2_apply(void *data, void *arg)
+{
+	struct l2_change *lc = arg;
+	__be64 *e = data + lc->byte;
+
+	e[0] = cpu_to_be64(lc->entry);
+	return 0;
+}
+
+/* Point the L2 entry of @voff in the table at @l2_off to @entry. */
+int qcow2_set_l2_entry(struct qcow2 *q, u64 l2_off, u64 voff, u64 entry)
+{
+	unsigned int slice = q->cache.slice_size;
+	u64 byte = (u64)qcow2_l2_index(&q->hdr, voff) * q->hdr.l2_entry_size;
+	struct l2_change lc = { .byte = byte & (slice - 1), .entry = entry };
+	struct qcow2_slice *s;
+	int r;
+
+	s = qcow2_cache_pin(&q->cache, QCOW2_SLICE_L2,
+			    l2_off + round_down(byte, slice));
+	if (IS_ERR(s))
+		return PTR_ERR(s);
+	down_read(&q->meta_sem);
+	r = qcow2_cache_modify(&q->cache, s, l2_apply, &lc);
+	up_read(&q->meta_sem);
+	qcow2_cache_unpin(&q->cache, s);
+	return r;
+}
+
+/* ---- Opening ---- */
+
+static int read_header(struct qcow2 *q, const char **err)
+{
+	u32 cluster_size;
+	size_t len;
+	void *buf;
+	int r;
+
+	len = min_t(u64, q->io.size, QCOW2_HEADER_PROBE_LEN);
+	buf = kmalloc(QCOW2_HEADER_PROBE_LEN, GFP_KERNEL);
+	if (!buf)
+		return -ENOMEM;
+	r = qcow2_io_read_meta(&q->io, buf, len, 0);
+	if (!r)
+		r = qcow2_header_probe(buf, len, &cluster_size, err);
+	kfree(buf);
+	if (r)
+		return r;
+
+	/* cluster_size is at most 2 MiB: checked by the probe */
+	len = min_t(u64, q->io.size, cluster_size);
+	buf = kvmalloc(len, GFP_KERNEL);
+	if (!buf)
+		return -ENOMEM;
+	r = qcow2_io_read_meta(&q->io, buf, len, 0);
+	if (!r)
+		r = qcow2_header_parse(buf, len, &q->hdr, err);
+	if (!r)
+		r = qcow2_header_check_layout(&q->hdr, q->io.size, err);
+	if (!r && q->writable) {
+		/* Header rewrites keep every byte we do not change */
+		q->hdr_block = kmemdup(buf, q->meta_block, GFP_KERNEL);
+		if (!q->hdr_block)
+			r = -ENOMEM;
+	}
+	kvfree(buf);
+	return r;
+}
+
+/* Features that are valid qcow2 but that this target cannot serve yet. */
+static int check_supported(struct qcow2 *q, const char **err)
+{
+	const struct qcow2_header *h = &q->hdr;
+
+	if (h->crypt_method)
+		*err = "Encrypted images are not supported";
+	else if (h->incompatible_features & QCOW2_INCOMPAT_DATA_FILE)
+		*err = "Images with an external data file are not supported";
+	else if (h->backing_file_offset && h->backing_file_size)
+		*err = "Images with a backing file are not supported yet";
+	else if (h->extended_l2)
+		*err = "Extended L2 entries (subclusters) are not supported yet";
+	else if (h->compression_type != QCOW2_COMPRESSION_DEFLATE)
+		*err = "The zstd compression type is not supported yet";
+	else if (q->io.dev && h->cluster_size < q->io.lbs)
+		*err = "Cluster size smaller than the device's logical block size";
+	else
+		return 0;
+	return -EOPNOTSUPP;
+}
+
+/* Header bits that forbid writing. */
+static int check_writable(struct qcow2 *q, const char **err)
+{
+	u64 bits = q->hdr.incompatible_features;
+
+	if (!q->writable)
+		return 0;
+	if (bits & QCOW2_INCOMPAT_CORRUPT)
+		*err = "Image is marked corrupt: run qemu-img check -r all, or activate read-only";
+	else if (bits & QCOW2_INCOMPAT_DIRTY)
+		*err = "Image is dirty (lazy refcounts): run qemu-img check -r all";
+	else
+		return 0;
+	return -EROFS;
+}
+
+/* Load a table of @entries (CPU byte order), padded to whole blocks. */
+static u64 *load_table(struct qcow2 *q, u64 off, u32 entries, u32 padded)
+{
+	u64 *t = kvcalloc(padded, sizeof(u64), GFP_KERNEL);
+	u32 i;
+
+	if (!t)
+		return NULL;
+	if (entries &&
+	    qcow2_io_read_meta(&q->io, t, entries * sizeof(u64), off)) {
+		kvfree(t);
+		return NULL;
+	}
+	for (i = 0; i < entries; i++)
+		t[i] = be64_to_cpu((__force __be64)t[i]);
+	return t;
+}
+
+/*
+ * The L1 entries that map the virtual size, rounded up to whole blocks
+ * (never past the table) so that in-place writes rewrite only real
+ * entries.
+ */
+static int load_l1(struct qcow2 *q)
+{
+	const struct qcow2_header *h = &q->hdr;
+	u64 span = qcow2_l2_coverage(h);
+	u32 per_block = q->meta_block / sizeof(u64);
+
+	q->l1_entries = div64_u64(h->size, span) + !!(h->size % span);
+	q->l1_loaded = min(h->l1_size, round_up(q->l1_entries, per_block));
+	q->l1 = load_table(q, h->l1_table_offset, q->l1_loaded,
+			   round_up(max(q->l1_loaded, 1U), per_block));
+	return q->l1 ? 0 : -EIO;
+}
+
+/*
+ * Count the allocated clusters and find the first free one, reading every
+ * refcount block once. Only writable tables need it.
+ */
+static int scan_refcounts(struct qcow2 *q, const char **err)
+{
+	const struct qcow2_header *h = &q->hdr;
+	u64 per = clusters_per_block(q), block, i, n = 0, first_free = ~0ULL;
+	void *buf;
+	u32 rt;
+	int r = 0;
+
+	buf = kvmalloc(h->cluster_size, GFP_KERNEL);
+	if (!buf)
+		return -ENOMEM;
+	for (rt = 0; rt < q->rt_entries && !r; rt++) {
+		r = qcow2_reftable_decode(h, q->reftable[rt], &block, err);
+		if (r || !block) {
+			if (!r && first_free == ~0ULL)
+				first_free = max_t(u64, (u64)rt * per, 1);
+			continue;
+		}
+		if (qcow2_host_cluster_check(q, block)) {
+			*err = "Refcount block outside the image or over metadata";
+			r = -EINVAL;
+			break;
+		}
+		r = qcow2_io_read_meta(&q->io, buf, h->cluster_size, block);
+		for (i = 0; !r && i < per; i++) {
+			if (qcow2_refcount_get(buf, i, h->refcount_order))
+				n++;
+			else if (first_free == ~0ULL && (rt * per + i))
+				first_free = rt * per + i;
+		}
+	}
+	kvfree(buf);
+	if (r == -EUCLEAN)
+		r = -EINVAL;
+	atomic64_set(&q->allocated, n);
+	q->free_cursor = first_free == ~0ULL ? (u64)q->rt_entries * per :
+					       first_free;
+	return r;
+}
+
+static int load_refcounts(struct qcow2 *q, const char **err)
+{
+	const struct qcow2_header *h = &q->hdr;
+
+	q->rt_entries = ((u64)h->refcount_table_clusters << h->cluster_bits) /
+			sizeof(u64);
+	q->reftable = load_table(q, h->refcount_table_offset, q->rt_entries,
+				 q->rt_entries);
+	if (!q->reftable) {
+		*err = "Cannot read the refcount table";
+		return -EIO;
+	}
+	return scan_refcounts(q, err);
+}
+
+static int alloc_workqueues(struct qcow2 *q)
+{
+	q->meta_wq = alloc_workqueue("kqcow2m", WQ_MEM_RECLAIM | WQ_UNBOUND,
+				     0);
+	q->sync_wq = alloc_workqueue("kqcow2s", WQ_MEM_RECLAIM, 1);
+	if (!q->meta_wq || !q->sync_wq)
+		return -ENOMEM;
+	if (!q->io.file)
+		return 0;
+	q->io_wq = alloc_workqueue("kqcow2io", WQ_MEM_RECLAIM | WQ_HIGHPRI, 0);
+	return q->io_wq ? 0 : -ENOMEM;
+}
+
+/* A writer must clear the autoclear bits it does not maintain (bitmaps). */
+static int clear_autoclear(struct qcow2 *q)
+{
+	if (!q->writable || !q->hdr.autoclear_features)
+		return 0;
+	q->hdr.autoclear_features = 0;
+	return write_header(q);
+}
+
+static void init_state(struct qcow2 *q)
+{
+	unsigned int i;
+
+	mutex_init(&q->alloc_lock);
+	mutex_init(&q->sync_lock);
+	init_rwsem(&q->meta_sem);
+	spin_lock_init(&q->lock);
+	for (i = 0; i < ARRAY_SIZE(q->inflight); i++)
+		INIT_HLIST_HEAD(&q->inflight[i]);
+	init_waitqueue_head(&q->inflight_wait);
+	INIT_LIST_HEAD(&q->frees);
+	INIT_WORK(&q->event_work, qcow2_event_work);
+	INIT_WORK(&q->sync_work, sync_work_fn);
+	q->mode = q->writable ? QCOW2_MODE_RW : QCOW2_MODE_RO;
+	/* Block devices need whole logical blocks; files take 512 bytes */
+	q->meta_block = q->io.dev ? max_t(unsigned int, q->io.lbs, 512) : 512;
+}
+
+static int init_cache(struct qcow2 *q)
+{
+	unsigned int slice;
+	int r;
+
+	if (!q->cache_bytes)
+		q->cache_bytes = QCOW2_DEFAULT_CACHE;
+	/* Block device reads must be whole logical blocks (<= cluster size) */
+	slice = min(q->hdr.cluster_size, QCOW2_MAX_SLICE_SIZE);
+	if (q->io.dev)
+		slice = max(slice, q->io.lbs);
+	r = qcow2_cache_init(&q->cache, &q->io, slice, q->cache_bytes);
+	q->cache.kick_writeback = kick_writeback;
+	q->cache.owner = q;
+	return r;
+}
+
+/*
+ * Read and validate everything needed to serve the image. On failure
+ * *err says why, for ti->error; the caller unwinds with
+ * qcow2_close_image(). Nothing is written before every check passed.
+ */
+int qcow2_open_image(struct qcow2 *q, const char **err)
+{
+	int r;
+
+	init_state(q);
+	r = read_header(q, err);
+	if (r) {
+		if (r != -EINVAL)
+			*err = "Cannot read the image header";
+		return r;
+	}
+	r = check_supported(q, err);
+	if (!r)
+		r = check_writable(q, err);
+	if (r)
+		return r;
+	if (q->hdr.incompatible_features & QCOW2_INCOMPAT_CORRUPT)
+		DMWARN("%s: image is marked corrupt; serving it read-only",
+		       devname(q));
+
+	/* Direct I/O below the cluster granularity cannot be aligned */
+	if (q->io.file && q->hdr.cluster_size < q->io.lbs)
+		q->io.dio = false;
+
+	r = load_l1(q);
+	if (r) {
+		*err = "Cannot read the L1 table";
+		return r;
+	}
+	if (q->writable) {
+		r = load_refcounts(q, err);
+		if (r)
+			return r;
+	}
+	r = init_cache(q);
+	if (!r)
+		r = alloc_workqueues(q);
+	if (r) {
+		*err = "Cannot allocate memory";
+		return r;
+	}
+	r = clear_autoclear(q);
+	if (r)
+		*err = "Cannot write the image header";
+	return r;
+}
+
+/*
+ * Clean deactivation: all metadata written, then the lazy-refcounts dirty
+ * bit cleared. Failing, the image is left dirty and says so.
+ */
+int qcow2_deactivate(struct qcow2 *q)
+{
+	int r;
+
+	if (!q->writable || test_bit(QCOW2_F_META_ERROR, &q->flags))
+		return 0;
+	r = qcow2_sync(q);
+	/* Frees applied by that sync need one more pass to reach the disk */
+	if (!r && qcow2_cache_nr_dirty(&q->cache))
+		r = qcow2_sync(q);
+	mutex_lock(&q->alloc_lock);
+	if (!r && q->dirty_bit_set) {
+		q->hdr.incompatible_features &= ~QCOW2_INCOMPAT_DIRTY;
+		r = write_header(q);
+		if (!r)
+			q->dirty_bit_set = false;
+	}
+	mutex_unlock(&q->alloc_lock);
+	return r;
+}
+
+void qcow2_close_image(struct qcow2 *q)
+{
+	struct qcow2_free *f, *tmp;
+
+	if (q->io_wq)
+		destroy_workqueue(q->io_wq);
+	if (q->meta_wq)
+		destroy_workqueue(q->meta_wq);
+	if (q->sync_wq)
+		destroy_workqueue(q->sync_wq);
+	flush_work(&q->event_work);
+	if (q->cache.hash)
+		qcow2_cache_exit(&q->cache);
+	list_for_each_entry_safe(f, tmp, &q->frees, list)
+		kfree(f);
+	kvfree(q->reftable);
+	kvfree(q->l1);
+	kfree(q->hdr_block);
+	q->l1 = NULL;
+	q->reftable = NULL;
+	q->hdr_block = NULL;
+}
