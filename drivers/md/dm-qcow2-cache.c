@@ -353,6 +353,23 @@ int qcow2_cache_write_dirty(struct qcow2_cache *c, enum qcow2_slice_kind kind)
 	return r;
 }
 
+/* Drop every clean, unpinned slice: the image may have changed. */
+void qcow2_cache_invalidate(struct qcow2_cache *c)
+{
+	struct qcow2_slice *s, *tmp;
+	LIST_HEAD(drop);
+
+	spin_lock(&c->lock);
+	list_for_each_entry_safe(s, tmp, &c->lru, lru) {
+		hlist_del_init(&s->hash);
+		list_move(&s->lru, &drop);
+		c->nr_slices--;
+	}
+	spin_unlock(&c->lock);
+	list_for_each_entry_safe(s, tmp, &drop, lru)
+		slice_free(s);
+}
+
 unsigned long qcow2_cache_nr_dirty(struct qcow2_cache *c)
 {
 	return READ_ONCE(c->nr_dirty);

@@ -190,6 +190,30 @@ static int write_table_block(struct qcow2 *q, const u64 *table, u64 idx,
 	return r;
 }
 
+/* ---- Changes to cached slices ---- */
+
+/*
+ * Change a slice through @fn. The slice is pinned first (loading it may
+ * wait for writeback), and meta_sem is held shared only around the change
+ * itself, never across I/O, so qcow2_sync() sees either all or none of it.
+ */
+static int modify_slice(struct qcow2 *q, enum qcow2_slice_kind kind,
+			u64 slice_off, int (*fn)(void *data, void *arg),
+			void *arg)
+{
+	struct qcow2_slice *s;
+	int r;
+
+	s = qcow2_cache_pin(&q->cache, kind, slice_off);
+	if (IS_ERR(s))
+		return PTR_ERR(s);
+	down_read(&q->meta_sem);
+	r = qcow2_cache_modify(&q->cache, s, fn, arg);
+	up_read(&q->meta_sem);
+	qcow2_cache_unpin(&q->cache, s);
+	return r;
+}
+
 /* ---- Refcounts ---- */
 
 struct refcount_change {
@@ -251,7 +275,6 @@ static int refcount_update_locked(struct qcow2 *q, u64 host, int delta)
 	struct refcount_change rc = { .order = q->hdr.refcount_order,
 				      .delta = delta };
 	u64 cluster = host >> q->hdr.cluster_bits, slice_off;
-	struct qcow2_slice *s;
 	int r;
 
 	r = refcount_locate(q, cluster, &slice_off, &rc.index);
@@ -259,13 +282,8 @@ static int refcount_update_locked(struct qcow2 *q, u64 host, int delta)
 		return r;
 	if (!slice_off)
 		return qcow2_corrupt(q, 0, "refcount of a cluster without a refcount block");
-	s = qcow2_cache_pin(&q->cache, QCOW2_SLICE_REFCOUNT, slice_off);
-	if (IS_ERR(s))
-		return PTR_ERR(s);
-	down_read(&q->meta_sem);
-	r = qcow2_cache_modify(&q->cache, s, refcount_apply, &rc);
-	up_read(&q->meta_sem);
-	qcow2_cache_unpin(&q->cache, s);
+	r = modify_slice(q, QCOW2_SLICE_REFCOUNT, slice_off, refcount_apply,
+			 &rc);
 	if (r == -EUCLEAN)
 		return qcow2_corrupt(q, 0, "refcount would drop below zero");
 	if (r)
@@ -614,16 +632,10 @@ static int take_from_slice(struct qcow2 *q, u64 cluster, u64 slice_off,
 		.from = index, .order = q->hdr.refcount_order,
 		.count = (q->cache.slice_size * 8) >> q->hdr.refcount_order,
 	};
-	struct qcow2_slice *s;
 	int r;
 
-	s = qcow2_cache_pin(&q->cache, QCOW2_SLICE_REFCOUNT, slice_off);
-	if (IS_ERR(s))
-		return PTR_ERR(s);
-	down_read(&q->meta_sem);
-	r = qcow2_cache_modify(&q->cache, s, refcount_take_free, &sc);
-	up_read(&q->meta_sem);
-	qcow2_cache_unpin(&q->cache, s);
+	r = modify_slice(q, QCOW2_SLICE_REFCOUNT, slice_off,
+			 refcount_take_free, &sc);
 	*taken = cluster + (sc.found - index);
 	return r;
 }
@@ -797,18 +809,9 @@ int qcow2_set_l2_entry(struct qcow2 *q, u64 l2_off, u64 voff, u64 entry)
 	unsigned int slice = q->cache.slice_size;
 	u64 byte = (u64)qcow2_l2_index(&q->hdr, voff) * q->hdr.l2_entry_size;
 	struct l2_change lc = { .byte = byte & (slice - 1), .entry = entry };
-	struct qcow2_slice *s;
-	int r;
 
-	s = qcow2_cache_pin(&q->cache, QCOW2_SLICE_L2,
-			    l2_off + round_down(byte, slice));
-	if (IS_ERR(s))
-		return PTR_ERR(s);
-	down_read(&q->meta_sem);
-	r = qcow2_cache_modify(&q->cache, s, l2_apply, &lc);
-	up_read(&q->meta_sem);
-	qcow2_cache_unpin(&q->cache, s);
-	return r;
+	return modify_slice(q, QCOW2_SLICE_L2, l2_off + round_down(byte, slice),
+			    l2_apply, &lc);
 }
 
 /* ---- Opening ---- */
@@ -997,15 +1000,6 @@ static int alloc_workqueues(struct qcow2 *q)
 	return q->io_wq ? 0 : -ENOMEM;
 }
 
-/* A writer must clear the autoclear bits it does not maintain (bitmaps). */
-static int clear_autoclear(struct qcow2 *q)
-{
-	if (!q->writable || !q->hdr.autoclear_features)
-		return 0;
-	q->hdr.autoclear_features = 0;
-	return write_header(q);
-}
-
 static void init_state(struct qcow2 *q)
 {
 	unsigned int i;
@@ -1043,15 +1037,21 @@ static int init_cache(struct qcow2 *q)
 }
 
 /*
- * Read and validate everything needed to serve the image. On failure
- * *err says why, for ti->error; the caller unwinds with
- * qcow2_close_image(). Nothing is written before every check passed.
+ * Read and validate the header, L1 table and (writable) refcounts. Used at
+ * table load, and again before each resume: a table loaded while another
+ * table on the same image was live must not trust what it read then.
  */
-int qcow2_open_image(struct qcow2 *q, const char **err)
+static int load_metadata(struct qcow2 *q, const char **err)
 {
 	int r;
 
-	init_state(q);
+	kvfree(q->l1);
+	kvfree(q->reftable);
+	kfree(q->hdr_block);
+	q->l1 = NULL;
+	q->reftable = NULL;
+	q->hdr_block = NULL;
+
 	r = read_header(q, err);
 	if (r) {
 		if (r != -EINVAL)
@@ -1076,21 +1076,72 @@ int qcow2_open_image(struct qcow2 *q, const char **err)
 		*err = "Cannot read the L1 table";
 		return r;
 	}
-	if (q->writable) {
+	if (q->writable)
 		r = load_refcounts(q, err);
-		if (r)
-			return r;
+	return r;
+}
+
+/* A writer must clear the autoclear bits it does not maintain (bitmaps). */
+static int clear_autoclear(struct qcow2 *q)
+{
+	if (!q->writable || !q->hdr.autoclear_features)
+		return 0;
+	q->hdr.autoclear_features = 0;
+	return write_header(q);
+}
+
+/*
+ * Before a resume: see load_metadata(). Our own dirty metadata was written
+ * at suspend; cached slices may be stale if another table wrote, so they
+ * go. The geometry must not have changed under us.
+ */
+int qcow2_reload_image(struct qcow2 *q)
+{
+	struct qcow2_header old = q->hdr;
+	const char *err = NULL;
+	int r;
+
+	mutex_lock(&q->alloc_lock);
+	if (q->io.file)
+		WRITE_ONCE(q->io.size, i_size_read(file_inode(q->io.file)));
+	r = load_metadata(q, &err);
+	if (!r && (old.cluster_bits != q->hdr.cluster_bits ||
+		   old.size != q->hdr.size ||
+		   old.refcount_order != q->hdr.refcount_order)) {
+		err = "the image's geometry changed";
+		r = -EINVAL;
 	}
+	if (!r)
+		qcow2_cache_invalidate(&q->cache);
+	if (!r) {
+		r = clear_autoclear(q);
+		err = "cannot write the image header";
+	}
+	mutex_unlock(&q->alloc_lock);
+	if (r)
+		DMERR("%s: cannot resume: %s", devname(q),
+		      err ? err : "cannot read the image");
+	return r;
+}
+
+/*
+ * Read and validate everything needed to serve the image. On failure
+ * *err says why, for ti->error; the caller unwinds with
+ * qcow2_close_image(). Nothing is written before every check passed.
+ */
+int qcow2_open_image(struct qcow2 *q, const char **err)
+{
+	int r;
+
+	init_state(q);
+	r = load_metadata(q, err);
+	if (r)
+		return r;
 	r = init_cache(q);
 	if (!r)
 		r = alloc_workqueues(q);
-	if (r) {
-		*err = "Cannot allocate memory";
-		return r;
-	}
-	r = clear_autoclear(q);
 	if (r)
-		*err = "Cannot write the image header";
+		*err = "Cannot allocate memory";
 	return r;
 }
 

@@ -228,6 +228,15 @@ static int qcow2_map(struct dm_target *ti, struct bio *bio)
 	return qcow2_map_bio(ti->private, bio);
 }
 
+/*
+ * Another table on the same image may have written it since this one was
+ * loaded (a table reload): read the metadata again.
+ */
+static int qcow2_preresume(struct dm_target *ti)
+{
+	return qcow2_reload_image(ti->private);
+}
+
 /* Suspended: every bio has completed; make the image consistent on disk. */
 static void qcow2_postsuspend(struct dm_target *ti)
 {
@@ -312,6 +321,7 @@ static struct target_type qcow2_target = {
 	.dtr = qcow2_dtr,
 	.map = qcow2_map,
 	.postsuspend = qcow2_postsuspend,
+	.preresume = qcow2_preresume,
 	.status = qcow2_status,
 	.iterate_devices = qcow2_iterate_devices,
 	.io_hints = qcow2_io_hints,

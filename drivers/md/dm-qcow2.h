@@ -105,6 +105,7 @@ int qcow2_cache_modify(struct qcow2_cache *c, struct qcow2_slice *s,
 		       int (*fn)(void *data, void *arg), void *arg);
 int qcow2_cache_write_dirty(struct qcow2_cache *c, enum qcow2_slice_kind kind);
 unsigned long qcow2_cache_nr_dirty(struct qcow2_cache *c);
+void qcow2_cache_invalidate(struct qcow2_cache *c);
 void qcow2_cache_get_stats(struct qcow2_cache *c,
 			   struct qcow2_cache_stats *st);
 
@@ -183,6 +184,7 @@ struct qcow2_bio {
 /* dm-qcow2-meta.c */
 int qcow2_open_image(struct qcow2 *q, const char **err);
 void qcow2_close_image(struct qcow2 *q);
+int qcow2_reload_image(struct qcow2 *q);
 int qcow2_corrupt(struct qcow2 *q, u64 voff, const char *what);
 const char *qcow2_host_cluster_check(struct qcow2 *q, u64 off);
 int qcow2_sync(struct qcow2 *q);
