@@ -66,7 +66,7 @@ wdev_create() {
 			fail "cannot create $name over $path"
 			return 1
 		fi
-		echo "dm /dev/mapper/$name 0 ${loop:+$path}" >"$WDEV_STATE/$name"
+		echo "dm /dev/mapper/$name - ${loop:+$path}" >"$WDEV_STATE/$name"
 		WDEV=/dev/mapper/$name
 		;;
 	nbd)
@@ -79,6 +79,7 @@ wdev_create() {
 			fail "qemu-nbd cannot serve $path"
 			return 1
 		fi
+		echo "nbd $dev - ${loop:+$path}" >"$WDEV_STATE/$name"
 		# The server thread's id; its process must be gone at removal
 		for i in $(seq 100); do
 			[ -e "/sys/block/${dev#/dev/}/pid" ] && break
@@ -87,7 +88,7 @@ wdev_create() {
 		pid=$(cat "/sys/block/${dev#/dev/}/pid") ||
 			fail "$dev not connected" || return 1
 		pid=$(awk '/^Tgid:/ {print $2}' "/proc/$pid/status")
-		echo "nbd $dev $pid ${loop:+$path}" >"$WDEV_STATE/$name"
+		echo "nbd $dev ${pid:--} ${loop:+$path}" >"$WDEV_STATE/$name"
 		[ "$(blockdev --getsize64 "$dev")" = $((len * 512)) ] ||
 			fail "$dev has the wrong size" || return 1
 		WDEV=$dev
@@ -111,6 +112,7 @@ wdev_remove() {
 		;;
 	nbd)
 		qemu-nbd -d "$dev" >/dev/null || fail "qemu-nbd -d $dev" || return 1
+		[ "$pid" != - ] || fail "no server pid for $dev" || return 1
 		for i in $(seq 300); do
 			[ -d "/proc/$pid" ] || break
 			sleep 0.1
