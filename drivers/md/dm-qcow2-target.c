@@ -198,6 +198,12 @@ static int qcow2_ctr(struct dm_target *ti, unsigned int argc, char **argv)
 		ti->error = "Cannot set the maximum I/O size";
 		goto bad_image;
 	}
+	/*
+	 * Flushes carry our metadata writeback, so they must reach map()
+	 * even when the backend (a file, or a disk without a volatile
+	 * cache) would not make dm advertise a write cache by itself.
+	 */
+	ti->flush_supported = true;
 	ti->num_flush_bios = 1;
 	ti->per_io_data_size = sizeof(struct qcow2_bio);
 	ti->private = q;
