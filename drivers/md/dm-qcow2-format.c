@@ -381,6 +381,59 @@ int qcow2_header_check_layout(const struct qcow2_header *h, u64 image_size,
 }
 
 /* Decode an L1 entry: the L2 table's offset, 0 when unallocated. */
+/*
+ * The length of the snapshot table entry whose fixed part
+ * (QCOW2_SNAPSHOT_HEADER_LEN bytes) is at @buf: the fixed part, extra
+ * data, id and name, padded to 8 bytes.
+ */
+int qcow2_snapshot_entry_len(const void *buf, u32 *len, const char **err)
+{
+	const u8 *b = buf;
+	u32 id_len = (u32)b[12] << 8 | b[13];
+	u32 name_len = (u32)b[14] << 8 | b[15];
+	u32 extra = qcow2_get_be32(b + 36);
+
+	if (extra > QCOW2_MAX_SNAPSHOT_EXTRA)
+		return fail(err, "Snapshot extra data too large (max 1024 bytes)",
+			    -EINVAL);
+	*len = QCOW2_SNAPSHOT_HEADER_LEN + extra + id_len + name_len;
+	*len = (*len + 7) & ~7U;
+	return 0;
+}
+
+/* A whole snapshot table entry of @len bytes (qcow2_snapshot_entry_len()). */
+int qcow2_snapshot_parse(const struct qcow2_header *h, const void *buf,
+			 u32 len, struct qcow2_snapshot *s, const char **err)
+{
+	const u8 *b = buf;
+	u32 need, extra;
+	int r;
+
+	r = qcow2_snapshot_entry_len(buf, &need, err);
+	if (r)
+		return r;
+	if (len < need)
+		return fail(err, "Snapshot table entry truncated", -EINVAL);
+	extra = qcow2_get_be32(b + 36);
+	s->l1_table_offset = qcow2_get_be64(b);
+	s->l1_size = qcow2_get_be32(b + 8);
+	s->id_len = (u32)b[12] << 8 | b[13];
+	s->name_len = (u32)b[14] << 8 | b[15];
+	s->id_off = QCOW2_SNAPSHOT_HEADER_LEN + extra;
+	s->name_off = s->id_off + s->id_len;
+	s->disk_size = extra >= 16 ? qcow2_get_be64(b + 48) : 0;
+	if (s->l1_size > QCOW2_MAX_L1_BYTES / sizeof(u64))
+		return fail(err, "Snapshot L1 table too large (max 32 MiB)",
+			    -EINVAL);
+	if (!table_offset_ok(h, s->l1_table_offset,
+			     (u64)s->l1_size * sizeof(u64)))
+		return fail(err, "Snapshot L1 table offset not aligned or too large",
+			    -EINVAL);
+	if (s->disk_size > (u64)S64_MAX)
+		return fail(err, "Snapshot virtual size too large", -EINVAL);
+	return 0;
+}
+
 int qcow2_l1_decode(const struct qcow2_header *h, u64 entry, u64 *l2_offset,
 		    const char **err)
 {

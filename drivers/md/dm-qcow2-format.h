@@ -141,6 +141,22 @@ int qcow2_header_parse(const void *buf, size_t len, struct qcow2_header *h,
 int qcow2_header_check_layout(const struct qcow2_header *h, u64 image_size,
 			      const char **err);
 
+/* One entry of the snapshot table. */
+struct qcow2_snapshot {
+	u64 l1_table_offset;
+	u32 l1_size;
+	u64 disk_size;		/* virtual size when taken; 0: not recorded */
+	u32 id_off, id_len;	/* the id string, within the entry */
+	u32 name_off, name_len;	/* the name, within the entry */
+};
+
+#define QCOW2_MAX_SNAPSHOT_EXTRA	1024U
+#define QCOW2_MAX_SNAPSHOT_TABLE	(64U << 20)
+
+int qcow2_snapshot_entry_len(const void *buf, u32 *len, const char **err);
+int qcow2_snapshot_parse(const struct qcow2_header *h, const void *buf,
+			 u32 len, struct qcow2_snapshot *s, const char **err);
+
 int qcow2_l1_decode(const struct qcow2_header *h, u64 entry, u64 *l2_offset,
 		    const char **err);
 int qcow2_l2_decode(const struct qcow2_header *h, u64 entry, u64 bitmap,

@@ -1656,8 +1656,90 @@ static void test_random_headers(void)
 
 #define T(fn) { #fn + 5, fn }	/* name without the "test_" prefix */
 
+/* ------------------------------------------------------------------ */
+/* Snapshot table entries                                               */
+/* ------------------------------------------------------------------ */
+
+/* An entry: L1 at @l1 with @l1_size entries, @extra bytes, id "1", name "snap". */
+static u32 build_snapshot(u8 *b, u64 l1, u32 l1_size, u32 extra, u64 disk)
+{
+	u32 len;
+
+	memset(b, 0, 256);
+	qcow2_put_be64(b, l1);
+	qcow2_put_be32(b + 8, l1_size);
+	b[13] = 1;
+	b[15] = 4;
+	qcow2_put_be32(b + 36, extra);
+	if (extra >= 16)
+		qcow2_put_be64(b + 48, disk);
+	memcpy(b + 40 + extra, "1snap", 5);
+	len = 40 + extra + 5;
+	return (len + 7) & ~7U;
+}
+
+static void test_snapshot_entry(void)
+{
+	struct spec s = v3();
+	struct qcow2_header h;
+	struct qcow2_snapshot sn;
+	const char *err = NULL;
+	u8 b[256];
+	u32 len, want;
+
+	if (!PARSE_OK(build(&s), &h))
+		return;
+	want = build_snapshot(b, 7 * C64K, 2, 16, 2 * GiB);
+	CHECK_EQ(qcow2_snapshot_entry_len(b, &len, &err), 0);
+	CHECK_EQ(len, want);
+	CHECK_EQ(len, 64);
+	CHECK_EQ(qcow2_snapshot_parse(&h, b, len, &sn, &err), 0);
+	CHECK_EQ(sn.l1_table_offset, 7 * C64K);
+	CHECK_EQ(sn.l1_size, 2);
+	CHECK_EQ(sn.disk_size, 2 * GiB);
+	CHECK_EQ(sn.id_len, 1);
+	CHECK_EQ(sn.name_len, 4);
+	CHECK(!memcmp(b + sn.id_off, "1", 1));
+	CHECK(!memcmp(b + sn.name_off, "snap", 4));
+
+	/* No disk size recorded in short extra data */
+	len = build_snapshot(b, 7 * C64K, 2, 8, 0);
+	CHECK_EQ(qcow2_snapshot_parse(&h, b, len, &sn, &err), 0);
+	CHECK_EQ(sn.disk_size, 0);
+}
+
+static void test_snapshot_entry_bad(void)
+{
+	struct spec s = v3();
+	struct qcow2_header h;
+	struct qcow2_snapshot sn;
+	const char *err = NULL;
+	u8 b[256];
+	u32 len;
+
+	if (!PARSE_OK(build(&s), &h))
+		return;
+	len = build_snapshot(b, 7 * C64K + 512, 2, 16, GiB);
+	CHECK_EQ(qcow2_snapshot_parse(&h, b, len, &sn, &err), -EINVAL);
+	CHECK_STR(err, "Snapshot L1 table offset not aligned or too large");
+	len = build_snapshot(b, 7 * C64K, 0x4000000, 16, GiB);
+	CHECK_EQ(qcow2_snapshot_parse(&h, b, len, &sn, &err), -EINVAL);
+	CHECK_STR(err, "Snapshot L1 table too large (max 32 MiB)");
+	len = build_snapshot(b, 7 * C64K, 2, 16, GiB);
+	CHECK_EQ(qcow2_snapshot_parse(&h, b, len - 8, &sn, &err), -EINVAL);
+	CHECK_STR(err, "Snapshot table entry truncated");
+	qcow2_put_be32(b + 36, 1025);
+	CHECK_EQ(qcow2_snapshot_entry_len(b, &len, &err), -EINVAL);
+	CHECK_STR(err, "Snapshot extra data too large (max 1024 bytes)");
+	len = build_snapshot(b, 7 * C64K, 2, 16, 1ULL << 63);
+	CHECK_EQ(qcow2_snapshot_parse(&h, b, len, &sn, &err), -EINVAL);
+	CHECK_STR(err, "Snapshot virtual size too large");
+}
+
 static const struct test tests[] = {
 	T(test_v3_valid),
+	T(test_snapshot_entry),
+	T(test_snapshot_entry_bad),
 	T(test_v2_valid),
 	T(test_v2_ignores_v3_fields),
 	T(test_v2_extensions),
