@@ -90,7 +90,14 @@ static void cache_put(struct qcow2_cache *c, struct qcow2_slice *s)
 		if (test_bit(SLICE_ERROR, &s->flags)) {
 			c->nr_slices--;
 			release = true;
-		} else if (!test_bit(SLICE_DIRTY, &s->flags)) {
+		} else if (test_bit(SLICE_DIRTY, &s->flags)) {
+			/* stays on the dirty list */
+		} else if (c->nr_slices > c->max_slices) {
+			/* The bound was lowered (qcow2_cache_resize()) */
+			hlist_del_init(&s->hash);
+			c->nr_slices--;
+			release = true;
+		} else {
 			list_add_tail(&s->lru, &c->lru);
 		}
 	}
@@ -368,6 +375,33 @@ void qcow2_cache_invalidate(struct qcow2_cache *c)
 	spin_unlock(&c->lock);
 	list_for_each_entry_safe(s, tmp, &drop, lru)
 		slice_free(s);
+}
+
+/*
+ * Change the memory bound. Clean unpinned slices above a lower bound go
+ * now; pinned and dirty ones when they are released clean.
+ */
+void qcow2_cache_resize(struct qcow2_cache *c, u64 bytes)
+{
+	struct qcow2_slice *s, *tmp;
+	LIST_HEAD(drop);
+
+	spin_lock(&c->lock);
+	c->max_slices = max_t(u64, div64_u64(bytes, c->slice_size),
+			      QCOW2_CACHE_MIN_SLICES);
+	list_for_each_entry_safe(s, tmp, &c->lru, lru) {
+		if (c->nr_slices <= c->max_slices)
+			break;
+		hlist_del_init(&s->hash);
+		list_move(&s->lru, &drop);
+		c->nr_slices--;
+		c->evictions++;
+	}
+	spin_unlock(&c->lock);
+	list_for_each_entry_safe(s, tmp, &drop, lru)
+		slice_free(s);
+	/* Loaders waiting for room may go on with a higher bound */
+	wake_up_all(&c->wait);
 }
 
 unsigned long qcow2_cache_nr_dirty(struct qcow2_cache *c)

@@ -11,6 +11,7 @@
  */
 #include <linux/bio.h>
 #include <linux/blkdev.h>
+#include <linux/falloc.h>
 #include <linux/file.h>
 #include <linux/namei.h>
 #include <linux/sched/mm.h>
@@ -22,11 +23,13 @@
 /* ---- Opening the image ---- */
 
 static int io_open_bdev(struct dm_target *ti, struct qcow2_io *io,
-			const char *path)
+			const char *path, bool writable)
 {
 	int r;
 
-	r = dm_get_device(ti, path, dm_table_get_mode(ti->table), &io->dev);
+	/* Backing images are opened read-only whatever the table's mode */
+	r = dm_get_device(ti, path, writable ? dm_table_get_mode(ti->table) :
+			  QCOW2_MODE_READ, &io->dev);
 	if (r) {
 		ti->error = "Cannot open image block device";
 		return r;
@@ -90,7 +93,7 @@ int qcow2_io_open(struct dm_target *ti, struct qcow2_io *io,
 	memset(io, 0, sizeof(*io));
 	if (!lookup_bdev(path, &devt) ||
 	    sscanf(path, "%u:%u%c", &major, &minor, &dummy) == 2)
-		return io_open_bdev(ti, io, path);
+		return io_open_bdev(ti, io, path, writable);
 	return io_open_file(ti, io, path, writable);
 }
 
@@ -280,6 +283,54 @@ int qcow2_io_flush(struct qcow2_io *io)
 	if (io->dev)
 		return blkdev_issue_flush(io->dev->bdev);
 	return vfs_fsync(io->file, 1);
+}
+
+/*
+ * Give a freed cluster's space back below us: a hole in a file, a
+ * discard on a device that supports it. Best effort: the cluster is free
+ * whatever happens here.
+ */
+void qcow2_io_discard(struct qcow2_io *io, u64 off, u64 len)
+{
+	unsigned int noio = memalloc_noio_save();
+
+	if (io->file)
+		vfs_fallocate(io->file, FALLOC_FL_PUNCH_HOLE |
+			      FALLOC_FL_KEEP_SIZE, off, len);
+	else if (bdev_max_discard_sectors(io->dev->bdev))
+		blkdev_issue_discard(io->dev->bdev, off >> SECTOR_SHIFT,
+				     len >> SECTOR_SHIFT, GFP_NOIO);
+	memalloc_noio_restore(noio);
+}
+
+/*
+ * Make [@off, @off + @len) read as zeros without writing them: an
+ * unwritten extent in a file (which grows as needed), a write-zeroes
+ * command to a device that has one. Fails (-EOPNOTSUPP, or whatever went
+ * wrong) when the caller must write the zeros itself.
+ */
+int qcow2_io_zero_range(struct qcow2_io *io, u64 off, u64 len)
+{
+	unsigned int noio;
+	int r;
+
+	if (io->dev && (off > io->size || len > io->size - off))
+		return -ENOSPC;
+	if (io->dev && !bdev_write_zeroes_sectors(io->dev->bdev))
+		return -EOPNOTSUPP;
+	if (io->file && !io->dio)
+		return -EOPNOTSUPP;	/* page cache: keep it simple */
+	noio = memalloc_noio_save();
+	if (io->dev)
+		r = blkdev_issue_zeroout(io->dev->bdev, off >> SECTOR_SHIFT,
+					 len >> SECTOR_SHIFT, GFP_NOIO,
+					 BLKDEV_ZERO_NOFALLBACK);
+	else
+		r = vfs_fallocate(io->file, FALLOC_FL_ZERO_RANGE, off, len);
+	memalloc_noio_restore(noio);
+	if (!r && io->file)
+		io_extend(io, off + len);
+	return r;
 }
 
 /* ---- Data ---- */

@@ -17,6 +17,10 @@
  *    make one allocation, write the whole new cluster (the bio's data, the
  *    rest filled with zeros or the old contents), and only then point the
  *    L2 entry at it;
+ *  - compressed clusters are decompressed (dm-qcow2-zip.c);
+ *  - clusters the image does not have are read from the backing chain,
+ *    and copied from it into new clusters on partial writes;
+ *  - discards drop whole clusters (discard_cluster());
  *  - flushes write back the metadata and flush the image (qcow2_sync()).
  *
  * Every entry is decoded by dm-qcow2-format and every host offset is
@@ -109,12 +113,105 @@ static int map_lookup(struct qcow2 *q, u64 voff, bool can_block,
 	if (r)
 		return qcow2_corrupt(q, voff, err);
 	if (m->type == QCOW2_CLUSTER_NORMAL ||
-	    m->type == QCOW2_CLUSTER_ZERO_ALLOC) {
+	    m->type == QCOW2_CLUSTER_ZERO_ALLOC)
 		err = qcow2_host_cluster_check(q, m->host_offset);
-		if (err)
-			return qcow2_corrupt(q, voff, err);
+	else if (m->type == QCOW2_CLUSTER_COMPRESSED)
+		err = qcow2_host_range_check(q, m->host_offset, m->comp_len);
+	if (err)
+		return qcow2_corrupt(q, voff, err);
+	return 0;
+}
+
+/* ---- The backing chain ---- */
+
+static int chain_read(struct qcow2 *b, u64 voff, u8 *buf, u32 len);
+
+/* Part of one cluster of a qcow2 backing layer. */
+static int chain_read_cluster(struct qcow2 *b, u64 voff, u8 *buf, u32 len)
+{
+	struct qcow2_lookup lk;
+	int r;
+
+	r = map_lookup(b, voff, true, &lk);
+	if (r)
+		return r;
+	switch (lk.m.type) {
+	case QCOW2_CLUSTER_UNALLOCATED:
+		if (b->backing)
+			return chain_read(b->backing, voff, buf, len);
+		fallthrough;
+	case QCOW2_CLUSTER_ZERO_PLAIN:
+	case QCOW2_CLUSTER_ZERO_ALLOC:
+		memset(buf, 0, len);
+		return 0;
+	case QCOW2_CLUSTER_NORMAL:
+		return qcow2_io_read_meta(&b->io, buf, len, lk.m.host_offset +
+					  qcow2_cluster_offset(&b->hdr, voff));
+	case QCOW2_CLUSTER_COMPRESSED:
+		return qcow2_zip_read_buf(b, &lk.m, voff, buf, len);
+	}
+	return -EIO;
+}
+
+/*
+ * Read guest data of a backing layer, synchronously (workers only):
+ * zeros past its end (it may be shorter than the image above it), raw
+ * layers read as they are, qcow2 layers cluster by cluster, down the
+ * chain where they have nothing. The depth is bounded by QCOW2_MAX_CHAIN.
+ */
+static int chain_read(struct qcow2 *b, u64 voff, u8 *buf, u32 len)
+{
+	u32 n;
+	int r;
+
+	while (len) {
+		if (voff >= b->hdr.size) {
+			memset(buf, 0, len);
+			return 0;
+		}
+		n = min_t(u64, len, b->hdr.size - voff);
+		if (!b->raw)
+			n = min(n, b->hdr.cluster_size -
+				   qcow2_cluster_offset(&b->hdr, voff));
+		if (b->raw)
+			r = qcow2_io_read_meta(&b->io, buf, n, voff);
+		else
+			r = chain_read_cluster(b, voff, buf, n);
+		if (r)
+			return r;
+		voff += n;
+		buf += n;
+		len -= n;
 	}
 	return 0;
+}
+
+/* A read of a cluster the image does not have: from the chain below. */
+static int read_backing_bio(struct qcow2 *q, struct bio *bio)
+{
+	u32 len = bio->bi_iter.bi_size;
+	struct bvec_iter iter;
+	struct bio_vec bv;
+	u8 *buf, *p;
+	int r;
+
+	buf = kvmalloc(len, GFP_NOIO);
+	if (!buf)
+		return -ENOMEM;
+	r = chain_read(q->backing, bio_voff(bio), buf, len);
+	if (!r) {
+		p = buf;
+		bio_for_each_segment(bv, bio, iter) {
+			memcpy_to_bvec(&bv, p);
+			p += bv.bv_len;
+		}
+	} else if (r != -EUCLEAN) {
+		DMERR_LIMIT("%s: cannot read the backing image at guest offset %llu: %d",
+			    dm_table_device_name(q->ti->table), bio_voff(bio),
+			    r);
+	}
+	kvfree(buf);
+	return r;
 }
 
 /* May this write go straight to the cluster it maps to? */
@@ -173,6 +270,10 @@ static int map_resolved(struct qcow2 *q, struct bio *bio,
 
 	switch (lk->m.type) {
 	case QCOW2_CLUSTER_UNALLOCATED:
+		/* Only from a worker: qcow2_map_bio() defers these */
+		if (q->backing)
+			return map_complete(bio, read_backing_bio(q, bio));
+		fallthrough;
 	case QCOW2_CLUSTER_ZERO_PLAIN:
 	case QCOW2_CLUSTER_ZERO_ALLOC:
 		zero_fill_bio(bio);
@@ -181,9 +282,8 @@ static int map_resolved(struct qcow2 *q, struct bio *bio,
 		return map_data(q, bio, lk->m.host_offset +
 				qcow2_cluster_offset(&q->hdr, voff), in_worker);
 	case QCOW2_CLUSTER_COMPRESSED:
-		DMERR_LIMIT("%s: compressed clusters are not supported yet (guest offset %llu)",
-			    dm_table_device_name(q->ti->table), voff);
-		return map_complete(bio, -EOPNOTSUPP);
+		/* Only from a worker: qcow2_map_bio() defers these */
+		return map_complete(bio, qcow2_zip_read_bio(q, &lk->m, bio));
 	}
 	return map_complete(bio, -EIO);
 }
@@ -240,20 +340,33 @@ static void inflight_end(struct qcow2 *q, struct qcow2_bio *pb)
 	wake_up_all(&q->inflight_wait);
 }
 
+/* Where the rest of a new cluster comes from. */
+struct qcow2_fill {
+	u64 src;		/* the old cluster's host offset, or 0 */
+	u8 *buf;		/* or the old cluster's contents, or NULL */
+};
+
 /*
- * Segments for @len bytes of fill: the old contents read into a buffer
- * (*@buf is set and must be freed) when @src is non-zero, else zeros.
+ * Segments for @len bytes of fill at @off in the cluster: from the old
+ * contents (read into a buffer: *@buf is set and must be freed when the
+ * source is on disk), else zeros.
  */
 static int fill_segments(struct qcow2 *q, struct bio_vec *bv,
-			 unsigned int max, u64 src, u32 len, void **buf,
-			 unsigned int *nr)
+			 unsigned int max, const struct qcow2_fill *fill,
+			 u32 off, u32 len, void **buf, unsigned int *nr)
 {
 	unsigned int n = 0, chunk;
+	u64 src = fill->src ? fill->src + off : 0;
 	int r;
 
 	*buf = NULL;
 	if (!len)
 		return 0;
+	if (fill->buf) {
+		*nr += qcow2_buf_to_bvec(bv + *nr, max - *nr, fill->buf + off,
+					 len);
+		return 0;
+	}
 	if (src) {
 		*buf = kvmalloc(len, GFP_NOIO);
 		if (!*buf)
@@ -277,10 +390,38 @@ static int fill_segments(struct qcow2 *q, struct bio_vec *bv,
 }
 
 /*
- * Write a whole new cluster at @host: the bio's data, the rest from the
- * cluster at @src (copy-on-write) or zeros when @src is 0.
+ * A new cluster to be filled with zeros around the bio: have the layer
+ * below zero it without writing (see qcow2_io_zero_range()), then write
+ * the bio's data alone. Fails when the whole cluster must be written.
  */
-static int write_cluster(struct qcow2 *q, struct bio *bio, u64 host, u64 src)
+static int write_cluster_sparse(struct qcow2 *q, struct bio *bio, u64 host)
+{
+	u32 head = qcow2_cluster_offset(&q->hdr, bio_voff(bio));
+	unsigned int nr = 0;
+	struct bvec_iter iter;
+	struct bio_vec bv, *vec;
+	int r;
+
+	r = qcow2_io_zero_range(&q->io, host, q->hdr.cluster_size);
+	if (r)
+		return r;
+	vec = kmalloc_array(bio_segments(bio), sizeof(*vec), GFP_NOIO);
+	if (!vec)
+		return -ENOMEM;
+	bio_for_each_segment(bv, bio, iter)
+		vec[nr++] = bv;
+	r = qcow2_io_write_data(&q->io, vec, nr, bio->bi_iter.bi_size,
+				host + head);
+	kfree(vec);
+	return r;
+}
+
+/*
+ * Write a whole new cluster at @host: the bio's data, the rest from
+ * @fill (copy-on-write) or zeros.
+ */
+static int write_cluster(struct qcow2 *q, struct bio *bio, u64 host,
+			 const struct qcow2_fill *fill)
 {
 	u32 cs = q->hdr.cluster_size;
 	u32 head = qcow2_cluster_offset(&q->hdr, bio_voff(bio));
@@ -291,18 +432,21 @@ static int write_cluster(struct qcow2 *q, struct bio *bio, u64 host, u64 src)
 	struct bio_vec bv, *vec;
 	int r;
 
+	if (!fill->src && !fill->buf && (head || tail) &&
+	    !write_cluster_sparse(q, bio, host))
+		return 0;
+
 	/* Each fill takes at most one segment per page, plus one */
 	max = 2 * (cs / PAGE_SIZE + 2) + bio_segments(bio);
 	vec = kmalloc_array(max, sizeof(*vec), GFP_NOIO);
 	if (!vec)
 		return -ENOMEM;
-	r = fill_segments(q, vec, max, src, head, &hbuf, &nr);
+	r = fill_segments(q, vec, max, fill, 0, head, &hbuf, &nr);
 	if (r)
 		goto out;
 	bio_for_each_segment(bv, bio, iter)
 		vec[nr++] = bv;
-	r = fill_segments(q, vec, max, src ? src + cs - tail : 0, tail, &tbuf,
-			  &nr);
+	r = fill_segments(q, vec, max, fill, cs - tail, tail, &tbuf, &nr);
 	if (!r)
 		r = qcow2_io_write_data(&q->io, vec, nr, cs, host);
 out:
@@ -312,47 +456,90 @@ out:
 	return r;
 }
 
+/* Where an allocating write goes, and what it replaces. */
+struct qcow2_wtarget {
+	u64 host;		/* the cluster written */
+	struct qcow2_fill fill;	/* the rest of it */
+	u64 old;		/* host data whose reference goes, or 0 */
+	u32 old_len;		/* its length */
+	bool allocated;		/* @host is new: give it back on failure */
+};
+
+/* The old contents of the cluster as a buffer, unless the bio covers it. */
+static int fill_from_buf(struct qcow2 *q, struct qcow2_lookup *lk, u64 voff,
+			 bool whole, struct qcow2_wtarget *t)
+{
+	u64 start = round_down(voff, q->hdr.cluster_size);
+
+	if (whole)
+		return 0;
+	t->fill.buf = kvmalloc(q->hdr.cluster_size, GFP_NOIO);
+	if (!t->fill.buf)
+		return -ENOMEM;
+	if (lk->m.type == QCOW2_CLUSTER_COMPRESSED)
+		return qcow2_zip_read_buf(q, &lk->m, start, t->fill.buf,
+					  q->hdr.cluster_size);
+	return chain_read(q->backing, start, t->fill.buf, q->hdr.cluster_size);
+}
+
 /*
- * The cluster the write goes to, and what it replaces: a zero-alloc
- * cluster we own is written in place; anything else gets a new cluster,
- * filled from the old one when that holds data (shared with a snapshot).
+ * A zero-alloc cluster we own is written in place; anything else gets a
+ * new cluster, filled from the old data when there is some (shared with
+ * a snapshot, compressed, or in the backing chain), else with zeros.
  */
 static int choose_target(struct qcow2 *q, struct qcow2_lookup *lk,
-			 u64 *host, u64 *src, u64 *old)
+			 struct bio *bio, struct qcow2_wtarget *t)
 {
 	struct qcow2_l2_map *m = &lk->m;
+	bool whole = bio->bi_iter.bi_size == q->hdr.cluster_size;
+	int r;
 
-	*src = 0;
-	*old = 0;
+	memset(t, 0, sizeof(*t));
+	t->old_len = q->hdr.cluster_size;
 	switch (m->type) {
 	case QCOW2_CLUSTER_ZERO_ALLOC:
 		if (m->copied) {
-			*host = m->host_offset;
+			t->host = m->host_offset;
 			return 0;
 		}
-		*old = m->host_offset;
+		t->old = m->host_offset;
 		break;
 	case QCOW2_CLUSTER_NORMAL:
-		*src = m->host_offset;
-		*old = m->host_offset;
+		t->fill.src = m->host_offset;
+		t->old = m->host_offset;
 		break;
 	case QCOW2_CLUSTER_COMPRESSED:
-		return -EOPNOTSUPP;
+		r = fill_from_buf(q, lk, bio_voff(bio), whole, t);
+		if (r)
+			return r;
+		t->old = m->host_offset;
+		t->old_len = m->comp_len;
+		break;
+	case QCOW2_CLUSTER_UNALLOCATED:
+		if (q->backing) {
+			r = fill_from_buf(q, lk, bio_voff(bio), whole, t);
+			if (r)
+				return r;
+		}
+		break;
 	default:
 		break;
 	}
-	return qcow2_alloc_cluster(q, host);
+	r = qcow2_alloc_cluster(q, &t->host);
+	t->allocated = !r;
+	return r;
 }
 
 /*
  * Write a bio to a cluster that needs a new host cluster or a zero flag
- * cleared. Data first, then the L2 entry; the old cluster's refcount is
+ * cleared. Data first, then the L2 entry; the old data's refcount is
  * dropped only after that L2 change is durable (qcow2_defer_free()).
  */
 static int write_allocating(struct qcow2 *q, struct bio *bio,
 			    struct qcow2_lookup *lk)
 {
-	u64 voff = bio_voff(bio), host, src, old;
+	u64 voff = bio_voff(bio);
+	struct qcow2_wtarget t;
 	int r;
 
 	r = qcow2_l2_for_write(q, voff, &lk->l2_off);
@@ -360,20 +547,20 @@ static int write_allocating(struct qcow2 *q, struct bio *bio,
 		r = map_lookup(q, voff, true, lk);	/* the table may be new */
 	if (r)
 		return r;
-	r = choose_target(q, lk, &host, &src, &old);
-	if (r)
-		return r;
-	r = write_cluster(q, bio, host, src);
+	r = choose_target(q, lk, bio, &t);
+	if (!r)
+		r = write_cluster(q, bio, t.host, &t.fill);
 	if (!r)
 		r = qcow2_set_l2_entry(q, lk->l2_off, voff,
-				       host | QCOW2_OFLAG_COPIED);
+				       t.host | QCOW2_OFLAG_COPIED);
+	kvfree(t.fill.buf);
 	if (r) {
-		if (host != old && host != lk->m.host_offset)
-			qcow2_refcount_update(q, host, -1);
+		if (t.allocated)
+			qcow2_refcount_update(q, t.host, -1);
 		return r;
 	}
-	if (old && old != host)
-		qcow2_defer_free(q, old);
+	if (t.old && t.old != t.host)
+		qcow2_defer_free(q, t.old, t.old_len);
 	return 0;
 }
 
@@ -407,6 +594,75 @@ static void write_work(struct qcow2 *q, struct bio *bio)
 	map_complete(bio, r);
 }
 
+/* ---- Discard ---- */
+
+/*
+ * Drop one whole guest cluster: its L2 entry becomes unallocated, or a
+ * zero cluster where the backing chain would show through (v3 only; a
+ * v2 image keeps the data: discard is advisory). The host data's
+ * reference goes once the L2 change is durable, like any free.
+ */
+static int discard_cluster(struct qcow2 *q, u64 voff)
+{
+	struct qcow2_lookup lk;
+	u64 entry = 0, old = 0;
+	u32 old_len = q->hdr.cluster_size;
+	int r;
+
+	r = map_lookup(q, voff, true, &lk);
+	if (r || !lk.l2_off)
+		return r;
+	switch (lk.m.type) {
+	case QCOW2_CLUSTER_UNALLOCATED:
+		if (!q->backing)
+			return 0;
+		break;
+	case QCOW2_CLUSTER_ZERO_PLAIN:
+		return 0;
+	case QCOW2_CLUSTER_COMPRESSED:
+		old_len = lk.m.comp_len;
+		fallthrough;
+	case QCOW2_CLUSTER_ZERO_ALLOC:
+	case QCOW2_CLUSTER_NORMAL:
+		old = lk.m.host_offset;
+		break;
+	}
+	if (q->backing) {
+		if (q->hdr.version < 3)
+			return 0;
+		entry = QCOW2_OFLAG_ZERO;
+	}
+	/* The L2 table may be shared with a snapshot: get our own */
+	r = qcow2_l2_for_write(q, voff, &lk.l2_off);
+	if (!r)
+		r = qcow2_set_l2_entry(q, lk.l2_off, voff, entry);
+	if (!r && old)
+		qcow2_defer_free(q, old, old_len);
+	return r;
+}
+
+/* Whole clusters only; the partial ones at either end are left alone. */
+static void discard_work(struct qcow2 *q, struct bio *bio)
+{
+	struct qcow2_bio *pb = dm_per_bio_data(bio, sizeof(*pb));
+	u64 cs = q->hdr.cluster_size, voff = bio_voff(bio);
+	u64 start = round_up(voff, cs);
+	u64 end = round_down(voff + bio->bi_iter.bi_size, cs);
+	int r = 0;
+
+	for (; !r && start < end; start += cs) {
+		inflight_begin(q, pb, start >> q->hdr.cluster_bits);
+		r = discard_cluster(q, start);
+		inflight_end(q, pb);
+	}
+	if (!r && bio->bi_opf & REQ_FUA)
+		r = qcow2_sync(q);
+	if (r && r != -EUCLEAN)
+		DMERR_LIMIT("%s: discard at guest offset %llu failed: %d",
+			    dm_table_device_name(q->ti->table), start, r);
+	map_complete(bio, r);
+}
+
 static void map_work(struct work_struct *work)
 {
 	struct qcow2_bio *pb = container_of(work, struct qcow2_bio, work);
@@ -417,6 +673,10 @@ static void map_work(struct work_struct *work)
 
 	if (bio->bi_opf & REQ_PREFLUSH && !bio_sectors(bio)) {
 		map_complete(bio, qcow2_sync(q));
+		return;
+	}
+	if (bio_op(bio) == REQ_OP_DISCARD) {
+		discard_work(q, bio);
 		return;
 	}
 	if (op_is_write(bio_op(bio))) {
@@ -452,13 +712,17 @@ int qcow2_map_bio(struct qcow2 *q, struct bio *bio)
 		return q->writable ? defer(q, bio) : map_complete(bio, 0);
 	if (write && READ_ONCE(q->mode) != QCOW2_MODE_RW)
 		return DM_MAPIO_KILL;
+	if (bio_op(bio) == REQ_OP_DISCARD)
+		return defer(q, bio);
 	if (bio_op(bio) != REQ_OP_READ && bio_op(bio) != REQ_OP_WRITE)
 		return DM_MAPIO_KILL;
 	if (write && bio->bi_opf & REQ_FUA)
 		return defer(q, bio);
 
 	r = map_lookup(q, bio_voff(bio), false, &lk);
-	if (r == -EAGAIN || (!r && write && !writable_in_place(&lk)))
+	if (r == -EAGAIN || (!r && write && !writable_in_place(&lk)) ||
+	    (!r && lk.m.type == QCOW2_CLUSTER_COMPRESSED) ||
+	    (!r && lk.m.type == QCOW2_CLUSTER_UNALLOCATED && q->backing))
 		return defer(q, bio);
 	if (r)
 		return DM_MAPIO_KILL;

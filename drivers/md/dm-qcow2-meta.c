@@ -31,7 +31,8 @@
 
 struct qcow2_free {
 	struct list_head list;
-	u64 host;
+	u64 host;			/* first cluster */
+	u64 count;			/* clusters */
 };
 
 /* ---- Errors ---- */
@@ -119,19 +120,21 @@ static bool overlaps_metadata(struct qcow2 *q, u64 off, u64 len)
 }
 
 /*
- * Where a cluster at @off may not be: in the header, past the end of the
+ * Where data at @off may not be: in the header, past the end of the
  * image, or over the L1 or refcount table. Returns NULL when it is fine.
+ * A range may end past the end of the image (compressed data is clamped
+ * there); a cluster may not (qcow2_host_cluster_check()).
  */
-const char *qcow2_host_cluster_check(struct qcow2 *q, u64 off)
+const char *qcow2_host_range_check(struct qcow2 *q, u64 off, u64 len)
 {
 	const struct qcow2_header *h = &q->hdr;
-	u64 len = h->cluster_size, size = READ_ONCE(q->io.size);
+	u64 size = READ_ONCE(q->io.size);
 
-	if (off < len)
+	if (off < h->cluster_size)
 		return "overlaps the header";
 	if (off >= QCOW2_MAX_HOST_OFFSET)
 		return "offset beyond 2^56";
-	if (off > size || len > size - off)
+	if (off >= size)
 		return "offset past the end of the image";
 	if (ranges_overlap(off, len, h->l1_table_offset,
 			   (u64)h->l1_size * sizeof(u64)))
@@ -140,6 +143,16 @@ const char *qcow2_host_cluster_check(struct qcow2 *q, u64 off)
 			   (u64)h->refcount_table_clusters << h->cluster_bits))
 		return "overlaps the refcount table";
 	return NULL;
+}
+
+const char *qcow2_host_cluster_check(struct qcow2 *q, u64 off)
+{
+	u64 len = q->hdr.cluster_size, size = READ_ONCE(q->io.size);
+	const char *err = qcow2_host_range_check(q, off, len);
+
+	if (!err && len > size - off)
+		return "offset past the end of the image";
+	return err;
 }
 
 /* ---- In-place writes of the header and of L1/refcount table entries ---- */
@@ -267,6 +280,22 @@ static int refcount_locate(struct qcow2 *q, u64 cluster, u64 *slice_off,
 }
 
 /*
+ * A refcount dropped to zero: nothing on disk points at the cluster any
+ * more (decreases wait for the L2 change that dropped the reference, see
+ * qcow2_defer_free()), so its space goes back below us and the allocator
+ * may take it again. Called with alloc_lock held, which keeps allocation
+ * away meanwhile.
+ */
+static void cluster_freed(struct qcow2 *q, u64 cluster)
+{
+	atomic64_dec(&q->allocated);
+	if (cluster < q->free_cursor)
+		q->free_cursor = cluster;
+	qcow2_io_discard(&q->io, cluster << q->hdr.cluster_bits,
+			 q->hdr.cluster_size);
+}
+
+/*
  * Change a refcount by @delta; may sleep to load the refcount block.
  * alloc_lock keeps the refcount table still meanwhile.
  */
@@ -291,7 +320,7 @@ static int refcount_update_locked(struct qcow2 *q, u64 host, int delta)
 	if (delta > 0 && rc.result == 1)
 		atomic64_inc(&q->allocated);
 	else if (delta < 0 && !rc.result)
-		atomic64_dec(&q->allocated);
+		cluster_freed(q, cluster);
 	return 0;
 }
 
@@ -309,13 +338,15 @@ int qcow2_refcount_update(struct qcow2 *q, u64 host, int delta)
  * Queue a refcount decrease until the next qcow2_sync() has written the
  * L2 change that dropped the reference.
  */
-void qcow2_defer_free(struct qcow2 *q, u64 host)
+void qcow2_defer_free(struct qcow2 *q, u64 host, u64 len)
 {
 	struct qcow2_free *f = kmalloc(sizeof(*f), GFP_NOIO);
+	u64 mask = q->hdr.cluster_size - 1;
 
 	if (!f)
 		return;		/* the cluster leaks: allowed, never unsafe */
-	f->host = host;
+	f->host = host & ~mask;
+	f->count = ((host & mask) + len + mask) >> q->hdr.cluster_bits;
 	spin_lock(&q->lock);
 	list_add_tail(&f->list, &q->frees);
 	spin_unlock(&q->lock);
@@ -325,11 +356,16 @@ void qcow2_defer_free(struct qcow2 *q, u64 host)
 static void apply_frees(struct qcow2 *q, struct list_head *frees)
 {
 	struct qcow2_free *f, *tmp;
+	u64 i;
 
 	list_for_each_entry_safe(f, tmp, frees, list) {
-		if (refcount_update_locked(q, f->host, -1))
-			DMERR_LIMIT("%s: cannot free cluster at %llu",
-				    devname(q), f->host);
+		for (i = 0; i < f->count; i++) {
+			u64 host = f->host + (i << q->hdr.cluster_bits);
+
+			if (refcount_update_locked(q, host, -1))
+				DMERR_LIMIT("%s: cannot free cluster at %llu",
+					    devname(q), host);
+		}
 		list_del(&f->list);
 		kfree(f);
 	}
@@ -700,8 +736,8 @@ static int alloc_locked(struct qcow2 *q, u64 *host)
 
 /*
  * Allocate one host cluster: its refcount is one in the cache when this
- * returns. Clusters freed below the cursor are reused after the next
- * activation.
+ * returns. The lowest free cluster at or past the cursor is taken; freed
+ * clusters move the cursor back (cluster_freed()).
  */
 int qcow2_alloc_cluster(struct qcow2 *q, u64 *host)
 {
@@ -844,6 +880,12 @@ static int read_header(struct qcow2 *q, const char **err)
 		r = qcow2_header_parse(buf, len, &q->hdr, err);
 	if (!r)
 		r = qcow2_header_check_layout(&q->hdr, q->io.size, err);
+	if (!r && q->hdr.extensions & QCOW2_HAS_BACKING_FORMAT &&
+	    q->hdr.backing_format_offset + q->hdr.backing_format_len <= len) {
+		memcpy(q->backing_fmt, buf + q->hdr.backing_format_offset,
+		       q->hdr.backing_format_len);
+		q->backing_fmt[q->hdr.backing_format_len] = 0;
+	}
 	if (!r && q->writable) {
 		/* Header rewrites keep every byte we do not change */
 		q->hdr_block = kmemdup(buf, q->meta_block, GFP_KERNEL);
@@ -863,12 +905,8 @@ static int check_supported(struct qcow2 *q, const char **err)
 		*err = "Encrypted images are not supported";
 	else if (h->incompatible_features & QCOW2_INCOMPAT_DATA_FILE)
 		*err = "Images with an external data file are not supported";
-	else if (h->backing_file_offset && h->backing_file_size)
-		*err = "Images with a backing file are not supported yet";
 	else if (h->extended_l2)
 		*err = "Extended L2 entries (subclusters) are not supported yet";
-	else if (h->compression_type != QCOW2_COMPRESSION_DEFLATE)
-		*err = "The zstd compression type is not supported yet";
 	else if (q->io.dev && h->cluster_size < q->io.lbs)
 		*err = "Cluster size smaller than the device's logical block size";
 	else
@@ -890,6 +928,87 @@ static int check_writable(struct qcow2 *q, const char **err)
 	else
 		return 0;
 	return -EROFS;
+}
+
+/* ---- Internal snapshots ---- */
+
+/* Does the entry at @b (parsed as @s) have @want as its id or its name? */
+static bool snapshot_matches(const u8 *b, const struct qcow2_snapshot *s,
+			     const char *want)
+{
+	size_t n = strlen(want);
+
+	return (s->id_len == n && !memcmp(b + s->id_off, want, n)) ||
+	       (s->name_len == n && !memcmp(b + s->name_off, want, n));
+}
+
+/* Read the entry at @off into a new buffer, parse it into @s. */
+static int read_snapshot(struct qcow2 *q, u64 off, u8 **buf, u32 *len,
+			 struct qcow2_snapshot *s, const char **err)
+{
+	u8 fixed[QCOW2_SNAPSHOT_HEADER_LEN];
+	int r;
+
+	*buf = NULL;
+	r = qcow2_io_read_meta(&q->io, fixed, sizeof(fixed), off);
+	if (!r)
+		r = qcow2_snapshot_entry_len(fixed, len, err);
+	if (r)
+		return r;
+	*buf = kmalloc(*len, GFP_KERNEL);
+	if (!*buf)
+		return -ENOMEM;
+	r = qcow2_io_read_meta(&q->io, *buf, *len, off);
+	if (!r)
+		r = qcow2_snapshot_parse(&q->hdr, *buf, *len, s, err);
+	return r;
+}
+
+/*
+ * Serve the snapshot the table names (read-only tables only): find it by
+ * id or name, then use its L1 table and virtual size. The walk is bounded
+ * by the header's snapshot count and by QCOW2_MAX_SNAPSHOT_TABLE bytes.
+ */
+static int load_snapshot(struct qcow2 *q, const char **err)
+{
+	struct qcow2_header *h = &q->hdr;
+	u64 off = h->snapshots_offset, span;
+	struct qcow2_snapshot s;
+	u32 i, len;
+	bool found = false;
+	u8 *buf;
+	int r = 0;
+
+	for (i = 0; i < h->nb_snapshots && !found && !r; i++) {
+		if (off - h->snapshots_offset > QCOW2_MAX_SNAPSHOT_TABLE) {
+			*err = "Snapshot table too large (max 64 MiB)";
+			return -EINVAL;
+		}
+		r = read_snapshot(q, off, &buf, &len, &s, err);
+		if (r == -EIO)
+			*err = "Cannot read the snapshot table";
+		found = !r && snapshot_matches(buf, &s, q->snapshot);
+		kfree(buf);
+		off += len;
+	}
+	if (r)
+		return r;
+	if (!found) {
+		*err = "No snapshot with that id or name";
+		return -ENOENT;
+	}
+	h->l1_table_offset = s.l1_table_offset;
+	h->l1_size = s.l1_size;
+	if (s.disk_size)
+		h->size = s.disk_size;
+	span = qcow2_l2_coverage(h);
+	if (div64_u64(h->size, span) + !!(h->size % span) > h->l1_size ||
+	    h->l1_table_offset < h->cluster_size ||
+	    h->l1_table_offset + (u64)h->l1_size * sizeof(u64) > q->io.size) {
+		*err = "Snapshot L1 table too small, over the header or past the end";
+		return -EINVAL;
+	}
+	return 0;
 }
 
 /* Load a table of @entries (CPU byte order), padded to whole blocks. */
@@ -1014,6 +1133,7 @@ static void init_state(struct qcow2 *q)
 	INIT_LIST_HEAD(&q->frees);
 	INIT_WORK(&q->event_work, qcow2_event_work);
 	INIT_WORK(&q->sync_work, sync_work_fn);
+	qcow2_zip_init(&q->zip);
 	q->mode = q->writable ? QCOW2_MODE_RW : QCOW2_MODE_RO;
 	/* Block devices need whole logical blocks; files take 512 bytes */
 	q->meta_block = q->io.dev ? max_t(unsigned int, q->io.lbs, 512) : 512;
@@ -1066,6 +1186,11 @@ static int load_metadata(struct qcow2 *q, const char **err)
 	if (q->hdr.incompatible_features & QCOW2_INCOMPAT_CORRUPT)
 		DMWARN("%s: image is marked corrupt; serving it read-only",
 		       devname(q));
+	if (q->snapshot) {
+		r = load_snapshot(q, err);
+		if (r)
+			return r;
+	}
 
 	/* Direct I/O below the cluster granularity cannot be aligned */
 	if (q->io.file && q->hdr.cluster_size < q->io.lbs)
@@ -1111,8 +1236,10 @@ int qcow2_reload_image(struct qcow2 *q)
 		err = "the image's geometry changed";
 		r = -EINVAL;
 	}
-	if (!r)
+	if (!r) {
 		qcow2_cache_invalidate(&q->cache);
+		qcow2_zip_invalidate(&q->zip);
+	}
 	if (!r) {
 		r = clear_autoclear(q);
 		err = "cannot write the image header";
@@ -1145,6 +1272,118 @@ int qcow2_open_image(struct qcow2 *q, const char **err)
 	return r;
 }
 
+/* ---- The backing chain ---- */
+
+/* Is the backing image below @cur qcow2? Its header says, or its magic. */
+static int backing_is_qcow2(struct qcow2 *cur, struct qcow2 *b, bool *qcow2,
+			    const char **err)
+{
+	__be32 magic;
+	int r;
+
+	if (!strcmp(cur->backing_fmt, "qcow2") ||
+	    !strcmp(cur->backing_fmt, "raw")) {
+		*qcow2 = cur->backing_fmt[0] == 'q';
+		return 0;
+	}
+	if (cur->backing_fmt[0]) {
+		*err = "Backing format not supported (raw and qcow2 are)";
+		return -EOPNOTSUPP;
+	}
+	*qcow2 = false;
+	if (b->io.size < sizeof(magic))
+		return 0;
+	r = qcow2_io_read_meta(&b->io, &magic, sizeof(magic), 0);
+	if (r) {
+		*err = "Cannot read a backing image";
+		return r;
+	}
+	*qcow2 = be32_to_cpu(magic) == QCOW2_MAGIC;
+	return 0;
+}
+
+static int open_layer(struct qcow2 *cur, struct qcow2 *b, const char *path,
+		      const char **err)
+{
+	bool qcow2;
+	int r;
+
+	r = qcow2_io_open(b->ti, &b->io, path, false);
+	/* Even on failure: qcow2_close_image() expects the lists and works */
+	init_state(b);
+	if (r) {
+		*err = b->ti->error;
+		return r;
+	}
+	r = backing_is_qcow2(cur, b, &qcow2, err);
+	if (r)
+		return r;
+	if (!qcow2) {
+		b->raw = true;
+		b->hdr.size = b->io.size;
+		return 0;
+	}
+	r = load_metadata(b, err);
+	if (!r && init_cache(b)) {
+		*err = "Cannot allocate memory";
+		r = -ENOMEM;
+	}
+	return r;
+}
+
+/*
+ * Open the backing images the table names. The chain must be exactly
+ * what the headers declare: every qcow2 layer with a backing file has
+ * the next one named, and none is named beyond the last. The kernel
+ * never opens a name found inside an image.
+ */
+static const char chain_unnamed_top[] =
+	"The image has a backing file: name it with the backing feature argument";
+static const char chain_unnamed[] =
+	"A backing image has a backing file that the table does not name";
+static const char chain_too_long[] =
+	"The table names more backing images than the chain has";
+static const char chain_none[] =
+	"The table names a backing image but the image has no backing file";
+
+int qcow2_open_chain(struct qcow2 *q, const char **err)
+{
+	struct qcow2 *cur = q, *b;
+	unsigned int i;
+	bool declared;
+	int r;
+
+	for (i = 0; ; i++) {
+		declared = !cur->raw && cur->hdr.backing_file_offset &&
+			   cur->hdr.backing_file_size;
+		if (i == q->nr_backing && !declared)
+			return 0;
+		if (i == q->nr_backing) {
+			*err = i ? chain_unnamed : chain_unnamed_top;
+			return -EINVAL;
+		}
+		if (!declared) {
+			*err = i ? chain_too_long : chain_none;
+			return -EINVAL;
+		}
+		b = kzalloc(sizeof(*b), GFP_KERNEL);
+		if (!b) {
+			*err = "Cannot allocate memory";
+			return -ENOMEM;
+		}
+		b->ti = q->ti;
+		b->cache_bytes = q->cache_bytes;
+		cur->backing = b;	/* freed with the top image */
+		r = open_layer(cur, b, q->backing_paths[i], err);
+		if (r) {
+			DMERR("%s: backing image %u (%s): %s", devname(q),
+			      i + 1, q->backing_paths[i], *err);
+			return r;
+		}
+		cur = b;
+	}
+}
+
 /*
  * Clean deactivation: all metadata written, then the lazy-refcounts dirty
  * bit cleared. Failing, the image is left dirty and says so.
@@ -1174,6 +1413,13 @@ void qcow2_close_image(struct qcow2 *q)
 {
 	struct qcow2_free *f, *tmp;
 
+	if (q->backing) {
+		qcow2_close_image(q->backing);
+		qcow2_io_close(q->ti, &q->backing->io);
+		kfree(q->backing);
+		q->backing = NULL;
+	}
+
 	if (q->io_wq)
 		destroy_workqueue(q->io_wq);
 	if (q->meta_wq)
@@ -1183,6 +1429,7 @@ void qcow2_close_image(struct qcow2 *q)
 	flush_work(&q->event_work);
 	if (q->cache.hash)
 		qcow2_cache_exit(&q->cache);
+	qcow2_zip_exit(&q->zip);
 	list_for_each_entry_safe(f, tmp, &q->frees, list)
 		kfree(f);
 	kvfree(q->reftable);

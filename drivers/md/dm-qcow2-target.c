@@ -38,23 +38,42 @@ static const char *mode_name(enum qcow2_mode mode)
 	}
 }
 
+/* A cache size: bytes with an optional K/M/G suffix, 1 to 4G. */
+static int cache_size_arg(const char *arg, u64 *bytes)
+{
+	char *end;
+
+	*bytes = memparse(arg, &end);
+	if (*end || !*bytes || *bytes > QCOW2_MAX_CACHE_BYTES)
+		return -EINVAL;
+	return 0;
+}
+
 static int parse_cache_size(struct qcow2 *q, struct dm_arg_set *as,
 			    char **error)
 {
 	const char *arg = dm_shift_arg(as);
-	char *end;
-	u64 bytes;
 
 	if (!arg) {
 		*error = "cache_size needs a value";
 		return -EINVAL;
 	}
-	bytes = memparse(arg, &end);
-	if (*end || !bytes || bytes > QCOW2_MAX_CACHE_BYTES) {
+	if (cache_size_arg(arg, &q->cache_bytes)) {
 		*error = "Invalid cache_size (bytes, 1 to 4G)";
 		return -EINVAL;
 	}
-	q->cache_bytes = bytes;
+	return 0;
+}
+
+/* backing <path>: the next image of the chain, nearest first */
+static int parse_backing(struct qcow2 *q, struct dm_arg_set *as,
+			 char **error)
+{
+	if (q->nr_backing == QCOW2_MAX_CHAIN) {
+		*error = "Too many backing images";
+		return -EINVAL;
+	}
+	q->backing_paths[q->nr_backing++] = dm_shift_arg(as);
 	return 0;
 }
 
@@ -62,7 +81,8 @@ static int parse_features(struct qcow2 *q, struct dm_arg_set *as,
 			  char **error)
 {
 	static const struct dm_arg _args[] = {
-		{0, 16, "Invalid number of feature arguments"},
+		{0, 2 * QCOW2_MAX_CHAIN + 2,
+		 "Invalid number of feature arguments"},
 	};
 	unsigned int argc;
 	const char *arg;
@@ -79,12 +99,20 @@ static int parse_features(struct qcow2 *q, struct dm_arg_set *as,
 		if (!strcasecmp(arg, "cache_size") && argc) {
 			r = parse_cache_size(q, as, error);
 			argc--;
+		} else if (!strcasecmp(arg, "backing") && argc) {
+			r = parse_backing(q, as, error);
+			argc--;
 		} else if (!strcasecmp(arg, "backing")) {
-			*error = "Backing files are not supported yet";
-			r = -EOPNOTSUPP;
+			*error = "backing needs a path";
+			r = -EINVAL;
+		} else if (!strcasecmp(arg, "snapshot") && argc &&
+			   !q->snapshot) {
+			q->snapshot = kstrdup(dm_shift_arg(as), GFP_KERNEL);
+			r = q->snapshot ? 0 : -ENOMEM;
+			argc--;
 		} else if (!strcasecmp(arg, "snapshot")) {
-			*error = "Activating an internal snapshot is not supported yet";
-			r = -EOPNOTSUPP;
+			*error = "snapshot needs one id or name";
+			r = -EINVAL;
 		} else if (!strcasecmp(arg, "cache_size")) {
 			*error = "cache_size needs a value";
 			r = -EINVAL;
@@ -129,6 +157,10 @@ static int check_table(struct dm_target *ti, struct qcow2 *q)
 		return -EINVAL;
 	}
 	q->writable = dm_table_get_mode(ti->table) & QCOW2_MODE_WRITE;
+	if (q->snapshot && q->writable) {
+		ti->error = "A snapshot can only be activated read-only";
+		return -EROFS;
+	}
 	return 0;
 }
 
@@ -143,6 +175,7 @@ static int check_length(struct dm_target *ti, struct qcow2 *q)
 
 static void qcow2_free(struct qcow2 *q)
 {
+	kfree(q->snapshot);
 	kfree(q->table_args);
 	kfree(q);
 }
@@ -185,6 +218,8 @@ static int qcow2_ctr(struct dm_target *ti, unsigned int argc, char **argv)
 	if (r)
 		goto bad_alloc;
 	r = qcow2_open_image(q, &err);
+	if (!r)
+		r = qcow2_open_chain(q, &err);
 	if (r) {
 		ti->error = (char *)err;
 		goto bad_image;
@@ -205,6 +240,11 @@ static int qcow2_ctr(struct dm_target *ti, unsigned int argc, char **argv)
 	 */
 	ti->flush_supported = true;
 	ti->num_flush_bios = 1;
+	/* Discards free clusters; handled here, whatever is below */
+	if (q->writable) {
+		ti->num_discard_bios = 1;
+		ti->discards_supported = true;
+	}
 	ti->per_io_data_size = sizeof(struct qcow2_bio);
 	ti->private = q;
 	return 0;
@@ -294,6 +334,36 @@ static void qcow2_status(struct dm_target *ti, status_type_t type,
 	}
 }
 
+/*
+ * Messages:
+ *   flush              write back all dirty metadata and flush the image
+ *   cache_size <bytes> change the metadata cache bound (until the next
+ *                      table load, which applies the table's value)
+ */
+static int qcow2_message(struct dm_target *ti, unsigned int argc,
+			 char **argv, char *result, unsigned int maxlen)
+{
+	struct qcow2 *q = ti->private;
+	u64 bytes;
+
+	if (argc == 1 && !strcasecmp(argv[0], "flush"))
+		return q->writable ? qcow2_sync(q) : 0;
+	if (argc == 2 && !strcasecmp(argv[0], "cache_size")) {
+		if (cache_size_arg(argv[1], &bytes)) {
+			DMERR("%s: invalid cache_size %s (bytes, 1 to 4G)",
+			      dm_table_device_name(ti->table), argv[1]);
+			return -EINVAL;
+		}
+		q->cache_bytes = bytes;
+		qcow2_cache_resize(&q->cache, bytes);
+		return 0;
+	}
+	DMERR("%s: unrecognised message%s%s",
+	      dm_table_device_name(ti->table), argc ? " " : "",
+	      argc ? argv[0] : "");
+	return -EINVAL;
+}
+
 static int qcow2_iterate_devices(struct dm_target *ti,
 				 iterate_devices_callout_fn fn, void *data)
 {
@@ -317,11 +387,18 @@ static void qcow2_io_hints(struct dm_target *ti, struct queue_limits *limits)
 						  q->io.lbs);
 	}
 	limits->io_opt = q->hdr.cluster_size;
+	if (q->writable) {
+		/* Only whole clusters are dropped; keep each bio bounded */
+		limits->discard_granularity = q->hdr.cluster_size;
+		limits->max_discard_sectors =
+			min_t(u64, UINT_MAX >> SECTOR_SHIFT,
+			      (u64)q->hdr.cluster_size << (10 - SECTOR_SHIFT));
+	}
 }
 
 static struct target_type qcow2_target = {
 	.name = "qcow2",
-	.version = {0, 1, 0},
+	.version = {0, 2, 0},
 	.module = THIS_MODULE,
 	.ctr = qcow2_ctr,
 	.dtr = qcow2_dtr,
@@ -329,6 +406,7 @@ static struct target_type qcow2_target = {
 	.postsuspend = qcow2_postsuspend,
 	.preresume = qcow2_preresume,
 	.status = qcow2_status,
+	.message = qcow2_message,
 	.iterate_devices = qcow2_iterate_devices,
 	.io_hints = qcow2_io_hints,
 };

@@ -28,9 +28,14 @@
 /* Block layer and VFS interfaces that changed after 6.1 */
 #ifdef BLK_OPEN_WRITE		/* 6.5: blk_mode_t */
 #define QCOW2_MODE_WRITE	BLK_OPEN_WRITE
+#define QCOW2_MODE_READ		BLK_OPEN_READ
 #else
 #define QCOW2_MODE_WRITE	FMODE_WRITE
+#define QCOW2_MODE_READ		FMODE_READ
 #endif
+
+/* Backing images a table may name */
+#define QCOW2_MAX_CHAIN		8
 
 /* ---- I/O backend (dm-qcow2-io.c) ---- */
 
@@ -50,6 +55,8 @@ int qcow2_io_write_meta(struct qcow2_io *io, void *buf, size_t len, u64 off);
 int qcow2_io_write_data(struct qcow2_io *io, const struct bio_vec *bv,
 			unsigned int nr, size_t len, u64 off);
 int qcow2_io_flush(struct qcow2_io *io);
+void qcow2_io_discard(struct qcow2_io *io, u64 off, u64 len);
+int qcow2_io_zero_range(struct qcow2_io *io, u64 off, u64 len);
 unsigned int qcow2_buf_to_bvec(struct bio_vec *bv, unsigned int max,
 			       void *buf, size_t len);
 void qcow2_io_file_submit(struct qcow2_io *io, struct bio *bio, u64 pos);
@@ -106,8 +113,21 @@ int qcow2_cache_modify(struct qcow2_cache *c, struct qcow2_slice *s,
 int qcow2_cache_write_dirty(struct qcow2_cache *c, enum qcow2_slice_kind kind);
 unsigned long qcow2_cache_nr_dirty(struct qcow2_cache *c);
 void qcow2_cache_invalidate(struct qcow2_cache *c);
+void qcow2_cache_resize(struct qcow2_cache *c, u64 bytes);
 void qcow2_cache_get_stats(struct qcow2_cache *c,
 			   struct qcow2_cache_stats *st);
+
+/* ---- Compressed clusters (dm-qcow2-zip.c) ---- */
+
+struct qcow2_zip {
+	struct mutex lock;		/* everything below */
+	void *ws;			/* decompressor workspace */
+	size_t ws_size;
+	u8 *in;				/* compressed bytes as read */
+	size_t in_off;			/* where the stream starts in @in */
+	u8 *out;			/* the last cluster decompressed */
+	u64 out_key;			/* its host offset + 1, 0: none */
+};
 
 /* ---- The image (dm-qcow2-meta.c) and mapping (dm-qcow2-map.c) ---- */
 
@@ -122,7 +142,20 @@ struct qcow2 {
 	struct qcow2_header hdr;
 	struct qcow2_io io;
 	struct qcow2_cache cache;
+	struct qcow2_zip zip;
 	bool writable;			/* the table is read-write */
+
+	/*
+	 * The backing chain, named by the table (never by the image): each
+	 * layer is read-only, a qcow2 image or a raw one (@raw: only @io
+	 * and hdr.size are used).
+	 */
+	struct qcow2 *backing;
+	bool raw;
+	char backing_fmt[QCOW2_MAX_BACKING_FMT + 1];	/* from the header */
+	const char *backing_paths[QCOW2_MAX_CHAIN];	/* during ctr only */
+	unsigned int nr_backing;
+	char *snapshot;			/* read-only: serve this snapshot */
 
 	u64 *l1;			/* active L1 table, CPU byte order */
 	u32 l1_entries;			/* entries that map the virtual size */
@@ -183,18 +216,29 @@ struct qcow2_bio {
 
 /* dm-qcow2-meta.c */
 int qcow2_open_image(struct qcow2 *q, const char **err);
+int qcow2_open_chain(struct qcow2 *q, const char **err);
 void qcow2_close_image(struct qcow2 *q);
 int qcow2_reload_image(struct qcow2 *q);
 int qcow2_corrupt(struct qcow2 *q, u64 voff, const char *what);
+const char *qcow2_host_range_check(struct qcow2 *q, u64 off, u64 len);
 const char *qcow2_host_cluster_check(struct qcow2 *q, u64 off);
 int qcow2_sync(struct qcow2 *q);
 int qcow2_alloc_cluster(struct qcow2 *q, u64 *host);
 int qcow2_refcount_update(struct qcow2 *q, u64 host, int delta);
-void qcow2_defer_free(struct qcow2 *q, u64 host);
+void qcow2_defer_free(struct qcow2 *q, u64 host, u64 len);
 int qcow2_l2_for_write(struct qcow2 *q, u64 voff, u64 *l2_off);
 int qcow2_set_l2_entry(struct qcow2 *q, u64 l2_off, u64 voff, u64 entry);
 void qcow2_meta_error(struct qcow2 *q, int err);
 int qcow2_deactivate(struct qcow2 *q);
+
+/* dm-qcow2-zip.c */
+void qcow2_zip_init(struct qcow2_zip *zip);
+void qcow2_zip_exit(struct qcow2_zip *zip);
+void qcow2_zip_invalidate(struct qcow2_zip *zip);
+int qcow2_zip_read_bio(struct qcow2 *q, const struct qcow2_l2_map *m,
+		       struct bio *bio);
+int qcow2_zip_read_buf(struct qcow2 *q, const struct qcow2_l2_map *m,
+		       u64 voff, void *dst, u32 len);
 
 /* dm-qcow2-map.c */
 int qcow2_map_bio(struct qcow2 *q, struct bio *bio);
