@@ -218,6 +218,31 @@ static int io_rw_buf(struct qcow2_io *io, bool write, void *buf, size_t len,
 }
 
 /*
+ * A block device reads whole logical blocks only (device-mapper even
+ * completes a bio shorter than a sector without any I/O): read the
+ * blocks around [@off, @off + @len) and copy the part asked for.
+ */
+static int io_read_unaligned(struct qcow2_io *io, void *buf, size_t len,
+			     u64 off)
+{
+	u64 start = round_down(off, io->lbs);
+	u64 end = round_up(off + len, io->lbs);
+	void *bounce;
+	int r;
+
+	if (end > io->size)
+		return -EIO;
+	bounce = kvmalloc(end - start, GFP_NOIO);
+	if (!bounce)
+		return -ENOMEM;
+	r = io_rw_buf(io, false, bounce, end - start, start);
+	if (!r)
+		memcpy(buf, bounce + (off - start), len);
+	kvfree(bounce);
+	return r;
+}
+
+/*
  * Metadata reads may run while memory is short and our own device is
  * being written back: keep the allocations below us from recursing into
  * I/O.
@@ -228,6 +253,8 @@ int qcow2_io_read_meta(struct qcow2_io *io, void *buf, size_t len, u64 off)
 
 	if (off > size || len > size - off)
 		return -EIO;
+	if (io->dev && ((off | len) & (io->lbs - 1)))
+		return io_read_unaligned(io, buf, len, off);
 	return io_rw_buf(io, false, buf, len, off);
 }
 
