@@ -121,7 +121,13 @@ static struct qcow2_slice *cache_reclaim(struct qcow2_cache *c,
 	struct qcow2_slice *s;
 
 	*reserved = false;
-	if (c->nr_slices < c->max_slices) {
+	/*
+	 * Writeback failed for good: dirty slices will never leave, so go
+	 * over the bound rather than wait forever; the extra slices are
+	 * freed as soon as they are released (cache_put()).
+	 */
+	if (c->nr_slices < c->max_slices ||
+	    (c->stuck && list_empty(&c->lru))) {
 		c->nr_slices++;
 		*reserved = true;
 		return NULL;
@@ -140,7 +146,8 @@ static bool cache_can_reclaim(struct qcow2_cache *c)
 	bool ok;
 
 	spin_lock(&c->lock);
-	ok = c->nr_slices < c->max_slices || !list_empty(&c->lru);
+	ok = c->nr_slices < c->max_slices || !list_empty(&c->lru) ||
+	     c->stuck;
 	spin_unlock(&c->lock);
 	return ok;
 }
@@ -375,6 +382,15 @@ void qcow2_cache_invalidate(struct qcow2_cache *c)
 	spin_unlock(&c->lock);
 	list_for_each_entry_safe(s, tmp, &drop, lru)
 		slice_free(s);
+}
+
+/* Dirty slices can no longer be written (the device went read-only). */
+void qcow2_cache_set_stuck(struct qcow2_cache *c)
+{
+	spin_lock(&c->lock);
+	c->stuck = true;
+	spin_unlock(&c->lock);
+	wake_up_all(&c->wait);
 }
 
 /*

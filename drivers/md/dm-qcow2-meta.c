@@ -98,6 +98,8 @@ void qcow2_meta_error(struct qcow2 *q, int err)
 		    devname(q), err);
 	set_bit(QCOW2_F_META_ERROR, &q->flags);
 	set_mode(q, QCOW2_MODE_RO);
+	/* Reads must not wait for slices that cannot be written any more */
+	qcow2_cache_set_stuck(&q->cache);
 }
 
 /* ---- Host offset checks ---- */
@@ -164,6 +166,8 @@ static int write_header(struct qcow2 *q)
 	u8 *b = q->hdr_block;
 	int r;
 
+	qcow2_put_be64(b + QCOW2_HDR_SIZE_OFF, h->size);
+	qcow2_put_be32(b + QCOW2_HDR_L1_SIZE_OFF, h->l1_size);
 	qcow2_put_be64(b + QCOW2_HDR_REFTABLE_OFF, h->refcount_table_offset);
 	qcow2_put_be32(b + QCOW2_HDR_REFTABLE_CLUSTERS_OFF,
 		       h->refcount_table_clusters);
@@ -1215,6 +1219,78 @@ static int clear_autoclear(struct qcow2 *q)
 	return write_header(q);
 }
 
+/* ---- Online grow ---- */
+
+static u32 l1_needed(const struct qcow2_header *h, u64 size)
+{
+	u64 span = qcow2_l2_coverage(h);
+
+	return div64_u64(size, span) + !!(size % span);
+}
+
+/*
+ * Can the image grow to @size bytes? Only within the clusters its L1
+ * table already occupies (64 KiB clusters: 4 TiB per L1 cluster); moving
+ * the L1 table is not done.
+ */
+int qcow2_grow_check(struct qcow2 *q, u64 size, const char **err)
+{
+	const struct qcow2_header *h = &q->hdr;
+	u64 room = round_up((u64)h->l1_size * sizeof(u64), h->cluster_size);
+
+	if (l1_needed(h, size) > room / sizeof(u64) ||
+	    l1_needed(h, size) > QCOW2_MAX_L1_BYTES / sizeof(u64)) {
+		*err = "Growing this much needs a larger L1 table (not supported)";
+		return -EOPNOTSUPP;
+	}
+	return 0;
+}
+
+/*
+ * Grow the virtual size at resume, the device suspended. New L1 entries
+ * are written as zeros first (the rest of the L1 cluster may hold
+ * anything) and flushed; then the header takes the new size and L1 size
+ * in one sector write. A crash in between leaves the old size.
+ */
+static int grow_locked(struct qcow2 *q, u64 size)
+{
+	struct qcow2_header *h = &q->hdr;
+	u32 per_block = q->meta_block / sizeof(u64);
+	u32 need = l1_needed(h, size), old = h->l1_size, i;
+	u64 old_size = h->size, *l1;
+	const char *err;
+	int r;
+
+	r = qcow2_grow_check(q, size, &err);
+	if (r)
+		return r;
+	l1 = load_table(q, h->l1_table_offset, old,
+			round_up(max(need, old), per_block));
+	if (!l1)
+		return -EIO;
+	for (i = round_down(old, per_block); !r && i < need; i += per_block)
+		r = write_table_block(q, l1, i, l1[i], h->l1_table_offset);
+	if (!r)
+		r = qcow2_io_flush(&q->io);
+	if (r)
+		goto out;
+	h->size = size;
+	h->l1_size = max(need, old);
+	r = write_header(q);
+	if (r) {
+		h->size = old_size;
+		h->l1_size = old;
+		goto out;
+	}
+	swap(q->l1, l1);
+	q->l1_entries = need;
+	q->l1_loaded = h->l1_size;
+	DMINFO("%s: virtual size grown to %llu bytes", devname(q), size);
+out:
+	kvfree(l1);
+	return r;
+}
+
 /*
  * Before a resume: see load_metadata(). Our own dirty metadata was written
  * at suspend; cached slices may be stale if another table wrote, so they
@@ -1243,6 +1319,10 @@ int qcow2_reload_image(struct qcow2 *q)
 	if (!r) {
 		r = clear_autoclear(q);
 		err = "cannot write the image header";
+	}
+	if (!r && q->grow_to > q->hdr.size) {
+		r = grow_locked(q, q->grow_to);
+		err = "cannot grow the image";
 	}
 	mutex_unlock(&q->alloc_lock);
 	if (r)

@@ -164,12 +164,27 @@ static int check_table(struct dm_target *ti, struct qcow2 *q)
 	return 0;
 }
 
+/*
+ * A length beyond the virtual size grows the image at resume (a writable
+ * table of the active image only; see qcow2_grow_check()).
+ */
 static int check_length(struct dm_target *ti, struct qcow2 *q)
 {
-	if (ti->len > q->hdr.size >> SECTOR_SHIFT) {
+	const char *err;
+	int r;
+
+	if (ti->len <= q->hdr.size >> SECTOR_SHIFT)
+		return 0;
+	if (!q->writable || q->snapshot) {
 		ti->error = "Device length exceeds the image's virtual size";
 		return -EINVAL;
 	}
+	r = qcow2_grow_check(q, (u64)ti->len << SECTOR_SHIFT, &err);
+	if (r) {
+		ti->error = (char *)err;
+		return r;
+	}
+	q->grow_to = (u64)ti->len << SECTOR_SHIFT;
 	return 0;
 }
 

@@ -91,6 +91,7 @@ struct qcow2_cache {
 	unsigned long nr_slices;
 	unsigned long max_slices;
 	unsigned long nr_dirty;
+	bool stuck;			/* writeback failed: never wait for it */
 	unsigned int slice_size;
 	u64 hits, misses, evictions;
 	struct qcow2_io *io;
@@ -114,6 +115,7 @@ int qcow2_cache_write_dirty(struct qcow2_cache *c, enum qcow2_slice_kind kind);
 unsigned long qcow2_cache_nr_dirty(struct qcow2_cache *c);
 void qcow2_cache_invalidate(struct qcow2_cache *c);
 void qcow2_cache_resize(struct qcow2_cache *c, u64 bytes);
+void qcow2_cache_set_stuck(struct qcow2_cache *c);
 void qcow2_cache_get_stats(struct qcow2_cache *c,
 			   struct qcow2_cache_stats *st);
 
@@ -156,6 +158,7 @@ struct qcow2 {
 	const char *backing_paths[QCOW2_MAX_CHAIN];	/* during ctr only */
 	unsigned int nr_backing;
 	char *snapshot;			/* read-only: serve this snapshot */
+	u64 grow_to;			/* virtual size to grow to at resume */
 
 	u64 *l1;			/* active L1 table, CPU byte order */
 	u32 l1_entries;			/* entries that map the virtual size */
@@ -219,6 +222,7 @@ int qcow2_open_image(struct qcow2 *q, const char **err);
 int qcow2_open_chain(struct qcow2 *q, const char **err);
 void qcow2_close_image(struct qcow2 *q);
 int qcow2_reload_image(struct qcow2 *q);
+int qcow2_grow_check(struct qcow2 *q, u64 size, const char **err);
 int qcow2_corrupt(struct qcow2 *q, u64 voff, const char *what);
 const char *qcow2_host_range_check(struct qcow2 *q, u64 off, u64 len);
 const char *qcow2_host_cluster_check(struct qcow2 *q, u64 off);

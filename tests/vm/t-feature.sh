@@ -444,3 +444,50 @@ test_messages() {
 	img_check "$img" || return 1
 	cd .. && rm -rf ms
 }
+
+# ---- online grow ----------------------------------------------------------------
+
+# A table reload with a larger length grows the image at resume; data on
+# both sides of the old end is kept, qemu sees the new size; growing a
+# read-only table, or past what the L1 table's clusters can map, is
+# refused.
+test_grow() {
+	local img
+	dm_only || return 0
+	newdir gr || return 1
+	img=$PWD/g.qcow2
+	must qemu-img create -q -f qcow2 "$img" 64M || return 1
+	dm_create gr "$img" || return 1
+	qio -n -f raw -c "write -P 0x41 $((64 * 1048576 - 8192)) 8192" \
+		/dev/mapper/gr || return 1
+	must dmsetup suspend gr &&
+		must dmsetup load gr --table "0 $((256 << 11)) qcow2 $img" &&
+		must dmsetup resume gr || return 1
+	[ "$(blockdev --getsize64 /dev/mapper/gr)" = $((256 << 20)) ] ||
+		fail "device size $(blockdev --getsize64 /dev/mapper/gr)" ||
+		return 1
+	[ "$(dm_status_field gr 2)" = $((256 << 11)) ] ||
+		fail "status shows $(dm_status_field gr 2) sectors" || return 1
+	qio -n -f raw -c "write -P 0x42 $((64 * 1048576 - 4096)) 8192" \
+		-c "write -P 0x43 $((256 * 1048576 - 4096)) 4096" \
+		/dev/mapper/gr || return 1
+	dm_remove gr || return 1
+	[ "$(img_sectors "$img")" = $((256 << 11)) ] ||
+		fail "qemu sees $(img_sectors "$img") sectors" || return 1
+	img_check "$img" || return 1
+	qio -r -f qcow2 -c "read -P 0x41 $((64 * 1048576 - 8192)) 4096" \
+		-c "read -P 0x42 $((64 * 1048576 - 4096)) 8192" \
+		-c "read -P 0x43 $((256 * 1048576 - 4096)) 4096" \
+		-c "read -P 0 $((128 << 20)) 1M" "$img" || return 1
+	log "grown from 64 MiB to 256 MiB"
+
+	DM_LEN=$((512 << 11)) expect_refused gr "$img" \
+		"Device length exceeds the image's virtual size" --readonly ||
+		return 1
+	must qemu-img create -q -f qcow2 -o cluster_size=512 small.qcow2 1M ||
+		return 1
+	DM_LEN=$((8 << 11)) expect_refused gr "$PWD/small.qcow2" \
+		"Growing this much needs a larger L1 table (not supported)" ||
+		return 1
+	cd .. && rm -rf gr
+}
