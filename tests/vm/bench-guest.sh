@@ -51,6 +51,8 @@ say() { echo "bench: $*"; }
 # ---- setup ------------------------------------------------------------------
 
 setup() {
+	# It formats /dev/vda: never outside a guest of scripts/vm-run
+	[ "${VM_GUEST:-}" = 1 ] || { say "run me through scripts/bench"; return 1; }
 	mkdir -p "$SCRATCH" || return 1
 	if [ -b /dev/vda ]; then
 		mkfs.ext4 -q -F /dev/vda && mount /dev/vda "$SCRATCH" || return 1
