@@ -5,11 +5,11 @@
 # scratch virtio disk formatted ext4.
 #
 # Usage: bench-guest.sh [--quick] [--runtime SEC] [--only REGEX]
-#   --quick        256 MiB images, 2 s runs (a smoke run)
+#   --quick        256 MiB images, 2 s runs, four workloads (a smoke run)
 #   --runtime SEC  seconds per fio/dd run (default 5, 2 with --quick)
 #   --only REGEX   run only the workloads whose name matches
 #
-# Each run appends one JSON line to $VM_OUT/records.jsonl (parsed by
+# Each run leaves its output and a .meta line in $VM_OUT/raw/ (parsed by
 # tests/vm/bench-report.py, which makes the tables and the chart on the
 # host). Image states:
 #   empty     a new image for every write workload: writes allocate
@@ -21,14 +21,15 @@ set -u
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 # shellcheck source=tests/vm/lib.sh
 . "$here/lib.sh"
-report=$here/bench-report.py
 
+# The workloads of --quick (unless --only says otherwise)
+QUICK_ONLY='^(rr4k-q32|rw4k-q32|sw1m|dd-w4k-direct)$'
 quick=
 runtime=
 only=.
 while [ $# -gt 0 ]; do
 	case $1 in
-	--quick) quick=1; shift ;;
+	--quick) quick=1; [ "$only" != . ] || only=$QUICK_ONLY; shift ;;
 	--runtime) runtime=$2; shift 2 ;;
 	--only) only=$2; shift 2 ;;
 	*) echo "usage: $0 [--quick] [--runtime SEC] [--only REGEX]" >&2; exit 2 ;;
@@ -41,8 +42,9 @@ else
 fi
 SIZE=$((SIZE_MB << 20))
 OUT=${VM_OUT:-/tmp}
-REC=$OUT/records.jsonl
-: >"$REC"
+RAW=$OUT/raw
+rm -rf "$RAW" && mkdir -p "$RAW"
+NRUN=0
 W=$SCRATCH/bench
 DEVS="loop-raw dm-file dm-loop qemu-nbd"
 
@@ -219,14 +221,60 @@ cpu_ticks() {
 	awk '/^cpu / {print $2 + $3, $4 + $7 + $8; exit}' /proc/stat
 }
 
+# win_sample STATFILE: "centiseconds usr_ticks sys_ticks sectors" now, with
+# shell builtins only (the sampler must cost little CPU itself).
+win_sample() {
+	local cpu u n s idle iow irq sirq rest up r1 r2 rs r4 w1 w2 ws
+	read -r cpu u n s idle iow irq sirq rest </proc/stat
+	read -r up rest </proc/uptime
+	read -r r1 r2 rs r4 w1 w2 ws rest <"$1"
+	echo "${up/./} $((u + n)) $((s + irq + sirq)) $((rs + ws))"
+}
+
+# cpu_window DEV OUT: the CPU spent while DEV is busy, away from the start
+# and end of the run (under TCG, starting fio costs seconds of CPU). Waits
+# for the first I/O, skips 0.3 s, then measures until the run is 60 %
+# through or the device goes idle. Writes "centisecs usr sys sectors".
+cpu_window() {
+	local st i a b last cur t0 t00 s1 n
+	st=/sys/class/block/$(basename "$(readlink -f "$1")")/stat
+	read -r t00 _ _ s1 < <(win_sample "$st")
+	for i in $(seq 600); do
+		sleep 0.1
+		read -r _ _ _ n < <(win_sample "$st")
+		[ "$n" = "$s1" ] || break
+		# The run ended without I/O (it failed): nothing to measure
+		[ ! -e "$W/run.done" ] || break
+	done
+	sleep 0.3
+	a=$(win_sample "$st")
+	b=$a
+	read -r t0 _ _ last <<<"$a"
+	for i in $(seq $((RT * 6 * 4 / 10))); do
+		sleep 0.25
+		cur=$(win_sample "$st")
+		read -r _ _ _ n <<<"$cur"
+		[ "$n" != "$last" ] || break
+		b=$cur last=$n
+	done
+	local a1 a2 a3 a4 b1 b2 b3 b4
+	read -r a1 a2 a3 a4 <<<"$a"
+	read -r b1 b2 b3 b4 <<<"$b"
+	# The last field: from the start to the first I/O (fio's start-up)
+	echo "$((b1 - a1)) $((b2 - a2)) $((b3 - a3)) $((b4 - a4)) $((a1 - t00))" >"$2"
+}
+
 # run_one STATE DEVKIND WORKLOAD [SIZE_LIMIT]: run on $DEV, append a record.
 run_one() {
 	local state=$1 dk=$2 wl=$3 lim=${4:-$SIZE} kind a b c d u0 s0 u1 s1
-	local raw=$W/out.txt rc cache bs count
+	local raw=$W/out.txt rc cache bs count win wcs wu ws wsec wst f t0=$SECONDS
 	# shellcheck disable=SC2086
 	set -- $(echo "$WORKLOADS" | awk -v w="$wl" '$1 == w {print $2, $3, $4, $5, $6}')
 	kind=$1 a=$2 b=$3 c=$4 d=${5:-}
 	read -r u0 s0 < <(cpu_ticks)
+	rm -f "$W/win.txt" "$W/run.done"
+	cpu_window "$DEV" "$W/win.txt" &
+	win=$!
 	case $kind in
 	fio)
 		fio --name="$wl" --filename="$DEV" --rw="$a" --bs="$b" \
@@ -253,12 +301,21 @@ run_one() {
 		;;
 	esac
 	read -r u1 s1 < <(cpu_ticks)
+	touch "$W/run.done"
+	wait "$win"
+	read -r wcs wu ws wsec wst <"$W/win.txt" || wcs=0 wu=0 ws=0 wsec=0 wst=0
 	cache=$(dev_cache)
-	python3 "$report" record "$kind" "$raw" state="$state" dev="$dk" \
-		wl="$wl" rc="$rc" usr_ticks=$((u1 - u0)) sys_ticks=$((s1 - s0)) \
-		hz="$(getconf CLK_TCK)" cache="$cache" >>"$REC" ||
-		say "cannot parse $state $dk $wl"
-	say "$(tail -n 1 "$REC")"
+	# Parsed on the host (bench-report.py): python costs seconds under TCG
+	NRUN=$((NRUN + 1))
+	f=$RAW/$(printf %03d $NRUN)-$state-$dk-$wl
+	mv "$raw" "$f.out" 2>/dev/null || : >"$f.out"
+	echo "kind=$kind state=$state dev=$dk wl=$wl rc=$rc" \
+		"usr_ticks=$((u1 - u0)) sys_ticks=$((s1 - s0)) hz=$(getconf CLK_TCK)" \
+		"cache=$cache bs=$(numfmt --from=iec "$b") win_cs=$wcs" \
+		"win_usr=$wu win_sys=$ws win_sectors=$wsec start_cs=$wst" \
+		"wall=$((SECONDS - t0))" \
+		>"$f.meta"
+	say "$state $dk $wl: rc $rc, $((SECONDS - t0)) s (first I/O after ${wst}0 ms)"
 }
 
 # ---- the runs -------------------------------------------------------------------
@@ -310,7 +367,7 @@ run_big() {
 start=$SECONDS
 setup || { say "setup failed"; exit 1; }
 {
-	echo "mode=${quick:+quick}${quick:-full} size_mb=$SIZE_MB runtime=$RT"
+	echo "mode=$([ -n "$quick" ] && echo quick || echo full) size_mb=$SIZE_MB runtime=$RT"
 	echo "kernel=$(uname -r) cpus=$(nproc)"
 	grep -m1 'model name' /proc/cpuinfo
 	fio --version

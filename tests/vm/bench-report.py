@@ -2,8 +2,8 @@
 # SPDX-License-Identifier: GPL-2.0-only
 """Benchmark records and report (see tests/vm/bench-guest.sh, scripts/bench).
 
-  bench-report.py record fio|dd OUTPUT key=value...   one JSON line on stdout
-  bench-report.py report DIR                           tables, CSV, JSON, chart
+  bench-report.py report DIR          tables, CSV, JSON, chart from DIR/raw
+  bench-report.py record fio|dd OUTPUT key=value...   one record (a test)
 
 A record holds what one run did: IOPS, MB/s (10^6 bytes/s), I/Os done,
 CPU ticks spent in the whole guest while it ran, and the dm-qcow2 cache
@@ -59,8 +59,26 @@ def parse_dd(path):
 
 
 def cmd_record(args):
-    kind, path = args[0], args[1]
-    meta = dict(a.split("=", 1) for a in args[2:])
+    print(json.dumps(make_record(args[0], args[1], args[2:]), sort_keys=True))
+
+
+def load_raw(d):
+    """The records of the runs left by bench-guest.sh in DIR/raw."""
+    recs = []
+    raw = os.path.join(d, "raw")
+    for name in sorted(os.listdir(raw)):
+        if not name.endswith(".meta"):
+            continue
+        with open(os.path.join(raw, name)) as f:
+            meta = f.read().split()
+        kv = dict(a.split("=", 1) for a in meta)
+        recs.append(make_record(kv["kind"], os.path.join(raw, name[:-5] + ".out"),
+                                meta))
+    return recs
+
+
+def make_record(kind, path, args):
+    meta = dict(a.split("=", 1) for a in args)
     rec = {"kind": kind, "state": meta["state"], "dev": meta["dev"],
            "wl": meta["wl"], "rc": int(meta.get("rc", 0))}
     try:
@@ -70,11 +88,23 @@ def cmd_record(args):
     hz = float(meta.get("hz", 100))
     rec["usr_s"] = int(meta.get("usr_ticks", 0)) / hz
     rec["sys_s"] = int(meta.get("sys_ticks", 0)) / hz
+    # The steady window of the run (see cpu_window in bench-guest.sh)
+    for k in ("win_cs", "win_usr", "win_sys", "win_sectors", "bs"):
+        if meta.get(k, "").lstrip("-").isdigit():
+            rec[k] = int(meta[k])
+    if rec.get("win_sectors", 0) > 0 and rec.get("bs"):
+        uios = rec["win_sectors"] * 512.0 / rec["bs"]
+        rec["win_ios"] = uios
+        rec["sys_us_per_io"] = rec["win_sys"] / hz * 1e6 / uios
+        rec["usr_us_per_io"] = rec["win_usr"] / hz * 1e6 / uios
     cache = meta.get("cache", "-")
     if "/" in cache:
         used, cmax = cache.split("/")
         rec["cache_bytes"], rec["cache_max"] = int(used), int(cmax)
-    print(json.dumps(rec, sort_keys=True))
+    for k in ("start_cs", "wall"):
+        if meta.get(k, "").isdigit():
+            rec[k] = int(meta[k])
+    return rec
 
 
 # ---- report --------------------------------------------------------------
@@ -104,10 +134,15 @@ def fmt(v, digits=0):
     return "%.*f" % (digits, v)
 
 
-def sys_us_per_io(rec):
-    if rec is None or not rec.get("ios"):
+def sys_us_per_io(rec, usr=False):
+    """From the steady window when there is one, else the whole run."""
+    if rec is None:
         return None
-    return rec["sys_s"] * 1e6 / rec["ios"]
+    if "sys_us_per_io" in rec:
+        return rec["sys_us_per_io"] + (rec["usr_us_per_io"] if usr else 0)
+    if not rec.get("ios"):
+        return None
+    return (rec["sys_s"] + (rec["usr_s"] if usr else 0)) * 1e6 / rec["ios"]
 
 
 def table(headers, rows):
@@ -127,12 +162,10 @@ def table(headers, rows):
 
 def cmd_report(args):
     d = args[0]
-    recs = []
-    with open(os.path.join(d, "records.jsonl")) as f:
-        for line in f:
-            line = line.strip()
-            if line:
-                recs.append(json.loads(line))
+    recs = load_raw(d)
+    with open(os.path.join(d, "records.jsonl"), "w") as f:
+        for r in recs:
+            f.write(json.dumps(r, sort_keys=True) + "\n")
     by = {(r["state"], r["dev"], r["wl"]): r for r in recs}
     order = []
     for r in recs:
@@ -173,10 +206,7 @@ def cmd_report(args):
     crows = []
     for st, wl in order:
         s = {dv: sys_us_per_io(by.get((st, dv, wl))) for dv in DEVS}
-        nb = by.get((st, "qemu-nbd", wl))
-        tot = None
-        if nb and nb.get("ios"):
-            tot = (nb["sys_s"] + nb["usr_s"]) * 1e6 / nb["ios"]
+        tot = sys_us_per_io(by.get((st, "qemu-nbd", wl)), usr=True)
         crows.append([st, wl] + [fmt(s[dv], 1) for dv in DEVS] +
                      [fmt(ratio(s["dm-file"], s["loop-raw"]), 2),
                       fmt(ratio(s["dm-loop"], s["loop-raw"]), 2),
@@ -230,8 +260,10 @@ def cmd_report(args):
     ]
     sections = [
         ("Throughput", main_txt, main_md),
-        ("System CPU time per I/O (whole guest, microseconds; qemu-nbd's "
-         "user time is in the last column)", cpu_txt, cpu_md),
+        ("System CPU time per I/O (whole guest, microseconds, measured "
+         "while the device is busy, away from the start and end of the "
+         "run; qemu-nbd's user time is added in the last column)",
+         cpu_txt, cpu_md),
         ("dm-qcow2 L2 cache memory after each run (bytes)", mem_txt, mem_md),
         ("1 TiB vs 1 GiB virtual size, same 256 MiB working set (dm-file)",
          big_txt, big_md),
@@ -256,7 +288,9 @@ def cmd_report(args):
 
     with open(os.path.join(d, "results.csv"), "w", newline="") as f:
         keys = ["state", "dev", "wl", "kind", "rc", "iops", "mbps", "ios",
-                "secs", "usr_s", "sys_s", "cache_bytes", "cache_max", "error"]
+                "secs", "wall", "start_cs", "usr_s", "sys_s", "sys_us_per_io",
+                "usr_us_per_io",
+                "cache_bytes", "cache_max", "error"]
         w = csv.DictWriter(f, fieldnames=keys, extrasaction="ignore")
         w.writeheader()
         for r in recs:
