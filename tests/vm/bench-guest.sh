@@ -69,12 +69,12 @@ setup() {
 
 # ---- devices ----------------------------------------------------------------
 
-DEV= DEV_KIND= DEV_LOOP= DEV_NBD_PID=
+DEV='' DEV_KIND='' DEV_LOOP='' DEV_NBD_PID=''
 
 # dev_up KIND IMG: serve IMG (raw for loop-raw, qcow2 otherwise) and set DEV.
 dev_up() {
-	local kind=$1 img=$2 len d i pid
-	DEV= DEV_KIND=$kind DEV_LOOP= DEV_NBD_PID=
+	local kind=$1 img=$2 len d pid
+	DEV='' DEV_KIND=$kind DEV_LOOP='' DEV_NBD_PID=''
 	case $kind in
 	loop-raw)
 		DEV=$(losetup -f --show --direct-io=on "$img") || return 1
@@ -98,7 +98,7 @@ dev_up() {
 		d=/dev/${d##*/}
 		qemu-nbd -f qcow2 --cache=none --aio=native -c "$d" "$img" ||
 			return 1
-		for i in $(seq 100); do
+		for _ in $(seq 100); do
 			[ -e "/sys/block/${d#/dev/}/pid" ] && break
 			sleep 0.1
 		done
@@ -111,20 +111,19 @@ dev_up() {
 }
 
 dev_down() {
-	local i
 	case $DEV_KIND in
 	dm-file|dm-loop) dm_remove bench || return 1 ;;
 	qemu-nbd)
 		qemu-nbd -d "$DEV" >/dev/null || return 1
 		# The server must have closed the image before it is reused
-		for i in $(seq 300); do
-			[ -n "$DEV_NBD_PID" ] && [ -d "/proc/$DEV_NBD_PID" ] || break
+		for _ in $(seq 300); do
+			[ -d "/proc/${DEV_NBD_PID:-none}" ] || break
 			sleep 0.1
 		done
 		;;
 	esac
 	[ -z "$DEV_LOOP" ] || losetup -d "$DEV_LOOP"
-	DEV= DEV_KIND= DEV_LOOP=
+	DEV='' DEV_KIND='' DEV_LOOP=''
 }
 
 # cache bytes and bound of the dm device, "-" for others
@@ -224,10 +223,10 @@ cpu_ticks() {
 # win_sample STATFILE: "centiseconds usr_ticks sys_ticks sectors" now, with
 # shell builtins only (the sampler must cost little CPU itself).
 win_sample() {
-	local cpu u n s idle iow irq sirq rest up r1 r2 rs r4 w1 w2 ws
-	read -r cpu u n s idle iow irq sirq rest </proc/stat
+	local u n s irq sirq rest up rs ws
+	read -r _ u n s _ _ irq sirq rest </proc/stat
 	read -r up rest </proc/uptime
-	read -r r1 r2 rs r4 w1 w2 ws rest <"$1"
+	read -r _ _ rs _ _ _ ws rest <"$1"
 	echo "${up/./} $((u + n)) $((s + irq + sirq)) $((rs + ws))"
 }
 
@@ -236,10 +235,10 @@ win_sample() {
 # for the first I/O, skips 0.3 s, then measures until the run is 60 %
 # through or the device goes idle. Writes "centisecs usr sys sectors".
 cpu_window() {
-	local st i a b last cur t0 t00 s1 n
+	local st a b last cur t0 t00 s1 n
 	st=/sys/class/block/$(basename "$(readlink -f "$1")")/stat
 	read -r t00 _ _ s1 < <(win_sample "$st")
-	for i in $(seq 600); do
+	for _ in $(seq 600); do
 		sleep 0.1
 		read -r _ _ _ n < <(win_sample "$st")
 		[ "$n" = "$s1" ] || break
@@ -250,7 +249,7 @@ cpu_window() {
 	a=$(win_sample "$st")
 	b=$a
 	read -r t0 _ _ last <<<"$a"
-	for i in $(seq $((RT * 6 * 4 / 10))); do
+	for _ in $(seq $((RT * 6 * 4 / 10))); do
 		sleep 0.25
 		cur=$(win_sample "$st")
 		read -r _ _ _ n <<<"$cur"
@@ -268,7 +267,7 @@ cpu_window() {
 run_one() {
 	local state=$1 dk=$2 wl=$3 lim=${4:-$SIZE} kind a b c d u0 s0 u1 s1
 	local raw=$W/out.txt rc cache bs count win wcs wu ws wsec wst f t0=$SECONDS
-	# shellcheck disable=SC2086
+	# shellcheck disable=SC2046
 	set -- $(echo "$WORKLOADS" | awk -v w="$wl" '$1 == w {print $2, $3, $4, $5, $6}')
 	kind=$1 a=$2 b=$3 c=$4 d=${5:-}
 	read -r u0 s0 < <(cpu_ticks)
