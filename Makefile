@@ -7,7 +7,7 @@ KVER ?= $(shell uname -r)
 KDIR ?= $(firstword $(wildcard /lib/modules/$(KVER)/build) \
 	$(shell ls -d /usr/src/linux-headers-*-amd64 2>/dev/null | sort -V | tail -n 1))
 
-.PHONY: all modules clean check unit test style sparse w1
+.PHONY: all modules clean check unit test style sparse w1 bench bench-quick
 
 all: modules
 
@@ -33,3 +33,10 @@ unit:
 # Everything: unit tests, style, VM tests
 check test:
 	scripts/run-tests
+
+# Benchmark against loop and qemu-nbd in one guest (not part of the tests)
+bench:
+	scripts/bench
+
+bench-quick:
+	scripts/bench --quick

@@ -1,0 +1,372 @@
+#!/usr/bin/env python3
+# SPDX-License-Identifier: GPL-2.0-only
+"""Benchmark records and report (see tests/vm/bench-guest.sh, scripts/bench).
+
+  bench-report.py report DIR          tables, CSV, JSON, chart from DIR/raw
+  bench-report.py record fio|dd OUTPUT key=value...   one record (a test)
+
+A record holds what one run did: IOPS, MB/s (10^6 bytes/s), I/Os done,
+CPU ticks spent in the whole guest while it ran, and the dm-qcow2 cache
+memory ("cache_bytes/cache_max_bytes" from dmsetup status) after it.
+"""
+import csv
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+DEVS = ["dm-file", "dm-loop", "loop-raw", "qemu-nbd"]
+NOTE = ("These figures come from a guest under emulation (TCG) on a small "
+        "host: the absolute figures mean little, the ratios between targets "
+        "measured in the same guest run are what count.")
+
+
+def parse_fio(path):
+    with open(path) as f:
+        text = f.read()
+    # fio may print warnings before the JSON document
+    data = json.loads(text[text.index("{"):])
+    job = data["jobs"][0]
+    ios = 0
+    bw = 0
+    iops = 0.0
+    runtime = 0
+    for d in ("read", "write"):
+        ios += job[d]["total_ios"]
+        bw += job[d]["io_bytes"]
+        iops += job[d]["iops"]
+        runtime = max(runtime, job[d]["runtime"])
+    secs = runtime / 1000.0
+    return {"iops": iops, "mbps": bw / secs / 1e6 if secs else 0.0,
+            "ios": ios, "secs": secs,
+            "fio_usr_pct": job.get("usr_cpu"), "fio_sys_pct": job.get("sys_cpu")}
+
+
+def parse_dd(path):
+    with open(path) as f:
+        text = f.read()
+    m = re.search(r"(\d+) bytes .*copied, ([0-9.e+-]+) s", text)
+    recs = re.search(r"(\d+)\+(\d+) records out", text)
+    if not m:
+        raise ValueError("no dd summary in %s: %s" % (path, text[-200:]))
+    nbytes, secs = int(m.group(1)), float(m.group(2))
+    ios = int(recs.group(1)) + int(recs.group(2)) if recs else 0
+    return {"iops": ios / secs if secs else 0.0,
+            "mbps": nbytes / secs / 1e6 if secs else 0.0,
+            "ios": ios, "secs": secs}
+
+
+def cmd_record(args):
+    print(json.dumps(make_record(args[0], args[1], args[2:]), sort_keys=True))
+
+
+def load_raw(d):
+    """The records of the runs left by bench-guest.sh in DIR/raw."""
+    recs = []
+    raw = os.path.join(d, "raw")
+    for name in sorted(os.listdir(raw)):
+        if not name.endswith(".meta"):
+            continue
+        with open(os.path.join(raw, name)) as f:
+            meta = f.read().split()
+        kv = dict(a.split("=", 1) for a in meta)
+        recs.append(make_record(kv["kind"], os.path.join(raw, name[:-5] + ".out"),
+                                meta))
+    return recs
+
+
+def make_record(kind, path, args):
+    meta = dict(a.split("=", 1) for a in args)
+    rec = {"kind": kind, "state": meta["state"], "dev": meta["dev"],
+           "wl": meta["wl"], "rc": int(meta.get("rc", 0))}
+    try:
+        rec.update(parse_fio(path) if kind == "fio" else parse_dd(path))
+    except (ValueError, KeyError, IndexError, OSError) as e:
+        rec["error"] = str(e)[:300]
+    hz = float(meta.get("hz", 100))
+    rec["usr_s"] = int(meta.get("usr_ticks", 0)) / hz
+    rec["sys_s"] = int(meta.get("sys_ticks", 0)) / hz
+    # The steady window of the run (see cpu_window in bench-guest.sh)
+    for k in ("win_cs", "win_usr", "win_sys", "win_sectors", "bs"):
+        if meta.get(k, "").lstrip("-").isdigit():
+            rec[k] = int(meta[k])
+    if rec.get("win_sectors", 0) > 0 and rec.get("bs"):
+        uios = rec["win_sectors"] * 512.0 / rec["bs"]
+        rec["win_ios"] = uios
+        rec["sys_us_per_io"] = rec["win_sys"] / hz * 1e6 / uios
+        rec["usr_us_per_io"] = rec["win_usr"] / hz * 1e6 / uios
+    cache = meta.get("cache", "-")
+    if "/" in cache:
+        used, cmax = cache.split("/")
+        rec["cache_bytes"], rec["cache_max"] = int(used), int(cmax)
+    for k in ("start_cs", "wall"):
+        if meta.get(k, "").isdigit():
+            rec[k] = int(meta[k])
+    return rec
+
+
+# ---- report --------------------------------------------------------------
+
+def unit_of(wl):
+    """Random 4 KiB workloads count IOPS, the rest MB/s."""
+    return "IOPS" if "4k" in wl and not wl.startswith("dd-") else "MB/s"
+
+
+def value_of(rec):
+    if rec is None or "error" in rec or rec.get("rc", 0) != 0:
+        return None
+    return rec["iops"] if unit_of(rec["wl"]) == "IOPS" else rec["mbps"]
+
+
+def ratio(a, b):
+    if a is None or b is None or b == 0:
+        return None
+    return a / b
+
+
+def fmt(v, digits=0):
+    if v is None:
+        return "-"
+    if digits == 0:
+        return "%.0f" % v if v >= 10 else "%.1f" % v
+    return "%.*f" % (digits, v)
+
+
+def sys_us_per_io(rec, usr=False):
+    """From the steady window when there is one, else the whole run."""
+    if rec is None:
+        return None
+    if "sys_us_per_io" in rec:
+        return rec["sys_us_per_io"] + (rec["usr_us_per_io"] if usr else 0)
+    if not rec.get("ios"):
+        return None
+    return (rec["sys_s"] + (rec["usr_s"] if usr else 0)) * 1e6 / rec["ios"]
+
+
+def table(headers, rows):
+    """Fixed-width text and markdown renderings of the same table."""
+    widths = [max(len(str(x)) for x in col) for col in zip(headers, *rows)]
+    def line(r):
+        return "  ".join(str(x).rjust(w) if i else str(x).ljust(w)
+                         for i, (x, w) in enumerate(zip(r, widths)))
+    txt = [line(headers), "  ".join("-" * w for w in widths)]
+    txt += [line(r) for r in rows]
+    md = ["| " + " | ".join(headers) + " |",
+          "|" + "|".join("---" if i == 0 else "---:"
+                         for i in range(len(headers))) + "|"]
+    md += ["| " + " | ".join(str(x) for x in r) + " |" for r in rows]
+    return "\n".join(txt), "\n".join(md)
+
+
+def cmd_report(args):
+    d = args[0]
+    recs = load_raw(d)
+    with open(os.path.join(d, "records.jsonl"), "w") as f:
+        for r in recs:
+            f.write(json.dumps(r, sort_keys=True) + "\n")
+    by = {(r["state"], r["dev"], r["wl"]): r for r in recs}
+    order = []
+    for r in recs:
+        k = (r["state"], r["wl"])
+        if r["state"] in ("prealloc", "empty") and k not in order:
+            order.append(k)
+    order.sort(key=lambda k: (k[0] != "prealloc",))
+
+    env = ""
+    p = os.path.join(d, "bench-env.txt")
+    if os.path.exists(p):
+        with open(p) as f:
+            env = f.read().strip()
+
+    headers = ["state", "workload", "unit"] + DEVS + [
+        "dm-file/loop", "dm-file/nbd", "dm-loop/loop", "dm-loop/nbd",
+        "nbd/loop"]
+    rows = []
+    summary = []
+    for st, wl in order:
+        v = {dv: value_of(by.get((st, dv, wl))) for dv in DEVS}
+        rr = {
+            "dm-file/loop": ratio(v["dm-file"], v["loop-raw"]),
+            "dm-file/nbd": ratio(v["dm-file"], v["qemu-nbd"]),
+            "dm-loop/loop": ratio(v["dm-loop"], v["loop-raw"]),
+            "dm-loop/nbd": ratio(v["dm-loop"], v["qemu-nbd"]),
+            "nbd/loop": ratio(v["qemu-nbd"], v["loop-raw"]),
+        }
+        rows.append([st, wl, unit_of(wl)] + [fmt(v[dv]) for dv in DEVS] +
+                    [fmt(rr[k], 2) for k in headers[7:]])
+        summary.append({"state": st, "workload": wl, "unit": unit_of(wl),
+                        "values": v, "ratios": rr})
+    main_txt, main_md = table(headers, rows)
+
+    # CPU: system time of the whole guest per I/O, against loop-raw
+    ch = ["state", "workload"] + ["%s us" % dv for dv in DEVS] + [
+        "dm-file/loop", "dm-loop/loop", "nbd/loop", "nbd usr+sys us"]
+    crows = []
+    for st, wl in order:
+        s = {dv: sys_us_per_io(by.get((st, dv, wl))) for dv in DEVS}
+        tot = sys_us_per_io(by.get((st, "qemu-nbd", wl)), usr=True)
+        crows.append([st, wl] + [fmt(s[dv], 1) for dv in DEVS] +
+                     [fmt(ratio(s["dm-file"], s["loop-raw"]), 2),
+                      fmt(ratio(s["dm-loop"], s["loop-raw"]), 2),
+                      fmt(ratio(s["qemu-nbd"], s["loop-raw"]), 2),
+                      fmt(tot, 1)])
+    cpu_txt, cpu_md = table(ch, crows)
+
+    # Cache memory of dm-qcow2 after each run
+    mh = ["state", "workload", "dm-file cache", "dm-loop cache", "bound"]
+    mrows = []
+    for st, wl in order:
+        a, b = by.get((st, "dm-file", wl)), by.get((st, "dm-loop", wl))
+        bound = (a or b or {}).get("cache_max")
+        mrows.append([st, wl,
+                      str(a.get("cache_bytes", "-")) if a else "-",
+                      str(b.get("cache_bytes", "-")) if b else "-",
+                      str(bound if bound is not None else "-")])
+    mem_txt, mem_md = table(mh, mrows)
+
+    # 1 TiB against 1 GiB virtual size, same working set
+    bh = ["workload", "1 GiB IOPS", "1 TiB IOPS", "1T/1G", "1 GiB cache",
+          "1 TiB cache", "bound"]
+    brows = []
+    big = []
+    for wl in sorted({r["wl"] for r in recs if r["state"].startswith("ws-")},
+                     reverse=True):
+        a, b = by.get(("ws-1G", "dm-file", wl)), by.get(("ws-1T", "dm-file", wl))
+        va, vb = value_of(a), value_of(b)
+        brows.append([wl, fmt(va), fmt(vb), fmt(ratio(vb, va), 2),
+                      str((a or {}).get("cache_bytes", "-")),
+                      str((b or {}).get("cache_bytes", "-")),
+                      str((a or b or {}).get("cache_max", "-"))])
+        big.append({"workload": wl, "1G": va, "1T": vb,
+                    "cache_1G": (a or {}).get("cache_bytes"),
+                    "cache_1T": (b or {}).get("cache_bytes")})
+    big_txt, big_md = table(bh, brows)
+
+    errors = [r for r in recs if "error" in r or r.get("rc", 0) != 0]
+
+    intro = [
+        "dm-qcow2 benchmark",
+        "",
+        NOTE,
+        "",
+        "Units: IOPS for 4 KiB random fio runs, MB/s (10^6 bytes/s) for "
+        "the rest. Ratios: a device's figure over loop-raw's (loop with "
+        "direct I/O on a raw file: preallocated with data for 'prealloc', "
+        "sparse for 'empty') and over qemu-nbd's (cache=none, aio=native, "
+        "on the same qcow2 image), in the same state.",
+        "",
+    ]
+    sections = [
+        ("Throughput", main_txt, main_md),
+        ("System CPU time per I/O (whole guest, microseconds, measured "
+         "while the device is busy, away from the start and end of the "
+         "run; qemu-nbd's user time is added in the last column)",
+         cpu_txt, cpu_md),
+        ("dm-qcow2 L2 cache memory after each run (bytes)", mem_txt, mem_md),
+        ("1 TiB vs 1 GiB virtual size, same 256 MiB working set (dm-file)",
+         big_txt, big_md),
+    ]
+    txt = intro + [env, ""]
+    md = ["# " + intro[0], ""] + intro[2:] + ["```", env, "```", ""]
+    for title, t, m in sections:
+        txt += [title, "", t, ""]
+        md += ["## " + title, "", m, ""]
+    if errors:
+        txt.append("Failed runs:")
+        md.append("## Failed runs\n")
+        for r in errors:
+            s = "  %s %s %s: rc %s %s" % (r["state"], r["dev"], r["wl"],
+                                          r.get("rc"), r.get("error", ""))
+            txt.append(s)
+            md.append("-" + s[1:])
+    with open(os.path.join(d, "report.txt"), "w") as f:
+        f.write("\n".join(txt) + "\n")
+    with open(os.path.join(d, "report.md"), "w") as f:
+        f.write("\n".join(md) + "\n")
+
+    with open(os.path.join(d, "results.csv"), "w", newline="") as f:
+        keys = ["state", "dev", "wl", "kind", "rc", "iops", "mbps", "ios",
+                "secs", "wall", "start_cs", "usr_s", "sys_s", "sys_us_per_io",
+                "usr_us_per_io",
+                "cache_bytes", "cache_max", "error"]
+        w = csv.DictWriter(f, fieldnames=keys, extrasaction="ignore")
+        w.writeheader()
+        for r in recs:
+            w.writerow(r)
+    with open(os.path.join(d, "results.json"), "w") as f:
+        json.dump({"note": NOTE, "env": env, "records": recs,
+                   "summary": summary, "big_image": big}, f, indent=1,
+                  sort_keys=True)
+
+    chart(d, summary)
+    print("\n".join(txt))
+
+
+def chart(d, summary):
+    """Ratio to loop-raw of each device, per workload, log scale (SVG)."""
+    dat = os.path.join(d, "chart.dat")
+    with open(dat, "w") as f:
+        f.write("# label dm-file dm-loop qemu-nbd dmfile/nbd\n")
+        for s in summary:
+            r = s["ratios"]
+            vals = [r["dm-file/loop"], r["dm-loop/loop"], r["nbd/loop"],
+                    r["dm-file/nbd"]]
+            f.write("%s:%s %s\n" % ("pre" if s["state"] == "prealloc"
+                                    else "empty", s["workload"],
+                                    " ".join("NaN" if x is None else
+                                             "%.4f" % x for x in vals)))
+    if not shutil.which("gnuplot"):
+        print("bench-report: no gnuplot, chart skipped", file=sys.stderr)
+        return
+    n = max(len(summary), 1)
+    width = max(900, 28 * n + 200)
+    body = """
+set datafile missing 'NaN'
+set style data histogram
+set style histogram clustered gap 1
+set style fill solid 0.85 border -1
+set boxwidth 0.9
+set logscale y 2
+set grid ytics
+set key outside top center horizontal
+set xtics rotate by 45 right scale 0 font "sans,9"
+set multiplot layout 2,1 title "dm-qcow2 benchmark: ratios in one guest run (TCG: absolute figures mean little)"
+set title 'Ratio to loop on a raw file (1 = as fast as loop; log scale)'
+set arrow 1 from graph 0, first 1 to graph 1, first 1 nohead lw 2 lc rgb 'black' front
+plot '%s' using 2:xtic(1) title 'dm-qcow2 file' lc rgb '#1f77b4', \\
+     '' using 3 title 'dm-qcow2 on loop' lc rgb '#2ca02c', \\
+     '' using 4 title 'qemu-nbd' lc rgb '#d62728'
+set title 'dm-qcow2 (file backend) over qemu-nbd (above 1 = dm-qcow2 faster)'
+plot '%s' using 5:xtic(1) title 'dm-qcow2 file / qemu-nbd' lc rgb '#9467bd'
+unset multiplot
+""" % (dat, dat)
+    gp = ("set terminal svg size %d,900 dynamic background '#ffffff' "
+          "font 'sans,11'\nset output '%s'\n" %
+          (width, os.path.join(d, "chart.svg")) + body +
+          "set terminal pngcairo size %d,900 background '#ffffff' "
+          "font 'sans,10'\nset output '%s'\n" %
+          (width, os.path.join(d, "chart.png")) + body)
+    with open(os.path.join(d, "chart.gp"), "w") as f:
+        f.write(gp)
+    r = subprocess.run(["gnuplot", os.path.join(d, "chart.gp")],
+                       capture_output=True, text=True)
+    if r.returncode:
+        print("bench-report: gnuplot failed: " + r.stderr[-500:],
+              file=sys.stderr)
+
+
+def main():
+    if len(sys.argv) < 3 or sys.argv[1] not in ("record", "report"):
+        print(__doc__, file=sys.stderr)
+        return 2
+    if sys.argv[1] == "record":
+        cmd_record(sys.argv[2:])
+    else:
+        cmd_report(sys.argv[2:])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
