@@ -20,6 +20,11 @@ Commands:
   replay LOG IMG (--to N | --mark NAME) [--from M] [--unflushed MODE]
          [--seed S]                  apply entries M..N-1 to IMG in place
                                      (--mark NAME: up to and including it)
+  point LOG CUR PT --from M --to N [--unflushed MODE] [--seed S]
+                                     for stepping through a plan: apply
+                                     M..F-1 to CUR (F: past the last flush
+                                     before N), copy CUR to PT, apply the
+                                     rest of the crash point to PT
   plan LOG [--max K] [--seed S]      crash points, one a line:
                                      "N FLUSHED MODE SEED MARK": crash at N,
                                      FLUSHED = just past the last flush
@@ -143,6 +148,29 @@ def cmd_replay(a):
           a.img)
 
 
+def cmd_point(a):
+    ssize, entries = read_log(a.log)
+    n = a.to
+    fl = max(a.start, last_flush_before(entries, n))
+    if not 0 <= a.start <= n <= len(entries):
+        sys.exit("bad range %d..%d (%d entries)" % (a.start, n, len(entries)))
+    apply(a.log, ssize, entries[a.start:fl], a.cur)
+    with open(a.cur, "rb") as src, open(a.pt, "wb") as dst:
+        # Sparse copy: skip all-zero blocks
+        blk = 1 << 16
+        zero = bytes(blk)
+        while True:
+            b = src.read(blk)
+            if not b:
+                break
+            if b == zero:
+                dst.seek(len(b), 1)
+            else:
+                dst.write(b)
+        dst.truncate()
+    apply(a.log, ssize, chosen(entries, fl, n, a.unflushed, a.seed), a.pt)
+
+
 def cmd_plan(a):
     """Crash points: at each flush (before it with every write applied,
     just after it), half-way between two flushes, and a random subset of
@@ -199,6 +227,16 @@ def main():
                    default="all")
     s.add_argument("--seed", type=int, default=0)
     s.set_defaults(fn=cmd_replay)
+    s = sub.add_parser("point")
+    s.add_argument("log")
+    s.add_argument("cur")
+    s.add_argument("pt")
+    s.add_argument("--from", dest="start", type=int, default=0)
+    s.add_argument("--to", type=int, required=True)
+    s.add_argument("--unflushed", choices=("all", "none", "random"),
+                   default="all")
+    s.add_argument("--seed", type=int, default=0)
+    s.set_defaults(fn=cmd_point)
     s = sub.add_parser("plan")
     s.add_argument("log")
     s.add_argument("--max", type=int, default=0)

@@ -128,6 +128,19 @@ def main():
         expect("qemu-img check at %s %s" % (n, mode), r.returncode in (0, 3),
                True)
     expect("qemu log points", len(points) > 30, True)
+    # Stepping through the plan with "point" gives the same images
+    cur, pt2 = os.path.join(d, "cur.qcow2"), os.path.join(d, "pt2.qcow2")
+    sh("cp", base, cur)
+    at = 0
+    for line in points:
+        n, fl, mode, seed, _ = line.split()
+        run("point", qlog, cur, pt2, "--from", str(at), "--to", n,
+            "--unflushed", mode, "--seed", seed)
+        at = int(fl)
+        sh("cp", base, pt)
+        run("replay", qlog, pt, "--to", n, "--unflushed", mode, "--seed", seed)
+        expect("point %s %s = replay" % (n, mode),
+               open(pt, "rb").read() == open(pt2, "rb").read(), True)
     print("%d passed, %d failed" % (1, 0) if not fails else
           "0 passed, 1 failed")
     return 1 if fails else 0

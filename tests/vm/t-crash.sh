@@ -154,14 +154,10 @@ crash_points() {
 	cp --sparse=always "$base" cur.qcow2 || return 1
 	# The checks must not read the points: they come on fd 3
 	while read -r -u 3 n fl mode seed mark; do
-		if [ "$fl" -gt "$at" ]; then
-			must python3 "$REPLAY" replay log cur.qcow2 --from "$at" \
-				--to "$fl" || return 1
-			at=$fl
-		fi
-		cp --sparse=always cur.qcow2 pt.qcow2 || return 1
-		must python3 "$REPLAY" replay log pt.qcow2 --from "$fl" \
+		# cur.qcow2 goes to the last flush, pt.qcow2 to the point
+		must python3 "$REPLAY" point log cur.qcow2 pt.qcow2 --from "$at" \
 			--to "$n" --unflushed "$mode" --seed "$seed" || return 1
+		at=$fl
 		count=$((count + 1))
 		"$check" pt.qcow2 "$mark" && continue
 		bad=$((bad + 1))
