@@ -31,6 +31,9 @@ u_cleanup() {
 		lvm_ vgchange -an "$vg" >/dev/null 2>&1
 	done
 	cleanup_all
+	# dm-linear devices of test_bdev_dm_linear (below the qcow2 ones)
+	dmsetup remove ulin >/dev/null 2>&1
+	losetup -D 2>/dev/null
 }
 
 u_newdir() {
