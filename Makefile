@@ -7,13 +7,25 @@ KVER ?= $(shell uname -r)
 KDIR ?= $(firstword $(wildcard /lib/modules/$(KVER)/build) \
 	$(shell ls -d /usr/src/linux-headers-*-amd64 2>/dev/null | sort -V | tail -n 1))
 
-.PHONY: all modules clean check unit test style sparse w1 bench bench-quick
+.PHONY: all modules install clean check unit test style sparse w1 bench bench-quick
 
 all: modules
 
 modules:
 	@test -n "$(KDIR)" || { echo "no kernel build tree: set KDIR or run scripts/deps.sh" >&2; exit 1; }
 	$(MAKE) -C $(KDIR) M=$(CURDIR) modules
+
+# Without DKMS: install into /lib/modules/<release>/updates (which takes
+# precedence over the kernel's own modules) and refresh modules.dep.
+# INSTALL_MOD_PATH=<dir> installs under <dir> instead (packaging, tests).
+# The release comes from utsrelease.h: Debian's headers carry another
+# string in include/config/kernel.release.
+KREL = $(shell sed -n 's/^\#define UTS_RELEASE "\(.*\)"/\1/p' \
+	$(KDIR)/include/generated/utsrelease.h)
+
+install: modules
+	$(MAKE) -C $(KDIR) M=$(CURDIR) INSTALL_MOD_DIR=updates modules_install
+	depmod -a $(if $(INSTALL_MOD_PATH),-b $(INSTALL_MOD_PATH)) $(KREL)
 
 # Static checks the kernel community applies
 sparse:
