@@ -157,6 +157,33 @@ const char *qcow2_host_cluster_check(struct qcow2 *q, u64 off)
 	return err;
 }
 
+#define QCOW2_META_L2		1UL
+#define QCOW2_META_REFBLOCK	2UL
+
+/*
+ * Remember that the cluster at @off holds metadata of @kind. -EEXIST when
+ * it is already known as something else (or as a refcount block twice).
+ */
+static int meta_mark(struct qcow2 *q, u64 off, unsigned long kind, gfp_t gfp)
+{
+	unsigned long idx = off >> q->hdr.cluster_bits;
+	void *old = xa_load(&q->meta, idx);
+
+	if (old && (xa_to_value(old) != kind || kind == QCOW2_META_REFBLOCK))
+		return -EEXIST;
+	return xa_err(xa_store(&q->meta, idx, xa_mk_value(kind), gfp));
+}
+
+/* A data cluster: not any known metadata either. */
+const char *qcow2_data_cluster_check(struct qcow2 *q, u64 off)
+{
+	const char *err = qcow2_host_cluster_check(q, off);
+
+	if (!err && xa_load(&q->meta, off >> q->hdr.cluster_bits))
+		return "overlaps an L2 table or a refcount block";
+	return err;
+}
+
 /* ---- In-place writes of the header and of L1/refcount table entries ---- */
 
 /* Write back the fields we change, then make them durable. */
@@ -293,6 +320,7 @@ static int refcount_locate(struct qcow2 *q, u64 cluster, u64 *slice_off,
 static void cluster_freed(struct qcow2 *q, u64 cluster)
 {
 	atomic64_dec(&q->allocated);
+	xa_erase(&q->meta, cluster);	/* a freed L2 table, old refcount block */
 	if (cluster < q->free_cursor)
 		q->free_cursor = cluster;
 	qcow2_io_discard(&q->io, cluster << q->hdr.cluster_bits,
@@ -516,6 +544,7 @@ static int add_refblock(struct qcow2 *q, u64 cluster)
 		return r;
 	q->reftable[rt] = off;
 	atomic64_inc(&q->allocated);
+	meta_mark(q, off, QCOW2_META_REFBLOCK, GFP_NOIO);
 	return 0;
 }
 
@@ -629,6 +658,9 @@ static int grow_reftable(struct qcow2 *q, u64 need_rt)
 	}
 	swap(q->reftable, table);
 	q->rt_entries = tc * per_cluster;
+	for (i = 0; i < nb; i++)
+		meta_mark(q, (start + i) << h->cluster_bits,
+			  QCOW2_META_REFBLOCK, GFP_NOIO);
 	q->free_cursor = start + nb + tc;
 	atomic64_add(nb + tc, &q->allocated);
 
@@ -690,7 +722,8 @@ static int check_taken(struct qcow2 *q, u64 cluster)
 		refcount_update_locked(q, off, -1);	/* give it back */
 		return -ENOSPC;
 	}
-	if (overlaps_metadata(q, off, q->hdr.cluster_size))
+	if (overlaps_metadata(q, off, q->hdr.cluster_size) ||
+	    xa_load(&q->meta, cluster))
 		return qcow2_corrupt(q, 0, "metadata cluster has refcount zero");
 	return 0;
 }
@@ -820,6 +853,7 @@ int qcow2_l2_for_write(struct qcow2 *q, u64 voff, u64 *l2_off)
 		goto out;
 	}
 	WRITE_ONCE(q->l1[idx], entry);
+	meta_mark(q, new_l2, QCOW2_META_L2, GFP_NOIO);
 	/* The old table stays the snapshot's; we drop our reference */
 	if (old_l2)
 		refcount_update_locked(q, old_l2, -1);
@@ -1015,6 +1049,22 @@ static int load_snapshot(struct qcow2 *q, const char **err)
 	return 0;
 }
 
+/*
+ * Remember where the L2 tables are. Entries that do not decode are left
+ * to the lookups, which fail the I/O that meets them.
+ */
+static void mark_l2_tables(struct qcow2 *q)
+{
+	const char *err;
+	u64 l2;
+	u32 i;
+
+	xa_destroy(&q->meta);
+	for (i = 0; i < q->l1_loaded; i++)
+		if (!qcow2_l1_decode(&q->hdr, q->l1[i], &l2, &err) && l2)
+			meta_mark(q, l2, QCOW2_META_L2, GFP_KERNEL);
+}
+
 /* Load a table of @entries (CPU byte order), padded to whole blocks. */
 static u64 *load_table(struct qcow2 *q, u64 off, u32 entries, u32 padded)
 {
@@ -1078,6 +1128,11 @@ static int scan_refcounts(struct qcow2 *q, const char **err)
 			r = -EINVAL;
 			break;
 		}
+		if (meta_mark(q, block, QCOW2_META_REFBLOCK, GFP_KERNEL)) {
+			*err = "Refcount block used twice, or at an L2 table";
+			r = -EINVAL;
+			break;
+		}
 		r = qcow2_io_read_meta(&q->io, buf, h->cluster_size, block);
 		for (i = 0; !r && i < per; i++) {
 			if (qcow2_refcount_get(buf, i, h->refcount_order))
@@ -1138,6 +1193,7 @@ static void init_state(struct qcow2 *q)
 	INIT_WORK(&q->event_work, qcow2_event_work);
 	INIT_WORK(&q->sync_work, sync_work_fn);
 	qcow2_zip_init(&q->zip);
+	xa_init(&q->meta);
 	q->mode = q->writable ? QCOW2_MODE_RW : QCOW2_MODE_RO;
 	/* Block devices need whole logical blocks; files take 512 bytes */
 	q->meta_block = q->io.dev ? max_t(unsigned int, q->io.lbs, 512) : 512;
@@ -1205,6 +1261,7 @@ static int load_metadata(struct qcow2 *q, const char **err)
 		*err = "Cannot read the L1 table";
 		return r;
 	}
+	mark_l2_tables(q);
 	if (q->writable)
 		r = load_refcounts(q, err);
 	return r;
@@ -1510,6 +1567,7 @@ void qcow2_close_image(struct qcow2 *q)
 	if (q->cache.hash)
 		qcow2_cache_exit(&q->cache);
 	qcow2_zip_exit(&q->zip);
+	xa_destroy(&q->meta);
 	list_for_each_entry_safe(f, tmp, &q->frees, list)
 		kfree(f);
 	kvfree(q->reftable);

@@ -20,6 +20,7 @@
 #include <linux/spinlock.h>
 #include <linux/wait.h>
 #include <linux/workqueue.h>
+#include <linux/xarray.h>
 
 #include "dm-qcow2-format.h"
 
@@ -166,6 +167,11 @@ struct qcow2 {
 	u64 *reftable;			/* writable only, CPU byte order */
 	u32 rt_entries;
 	u8 *hdr_block;			/* first meta_block bytes of the image */
+	/*
+	 * Clusters holding L2 tables (from the L1 table) and refcount
+	 * blocks (writable), by cluster index: data may never land there.
+	 */
+	struct xarray meta;
 	unsigned int meta_block;	/* unit of in-place table writes */
 
 	/*
@@ -226,6 +232,7 @@ int qcow2_grow_check(struct qcow2 *q, u64 size, const char **err);
 int qcow2_corrupt(struct qcow2 *q, u64 voff, const char *what);
 const char *qcow2_host_range_check(struct qcow2 *q, u64 off, u64 len);
 const char *qcow2_host_cluster_check(struct qcow2 *q, u64 off);
+const char *qcow2_data_cluster_check(struct qcow2 *q, u64 off);
 int qcow2_sync(struct qcow2 *q);
 int qcow2_alloc_cluster(struct qcow2 *q, u64 *host);
 int qcow2_refcount_update(struct qcow2 *q, u64 host, int delta);
