@@ -114,6 +114,7 @@ test_mutated_images() {
 			rm -f "$name"
 		done < <(python3 "$POKE" mutate "$seed" "m-${seed%.qcow2}" \
 			"$MUTATE_RUN" "$MUTATE_COUNT")
+		log "$seed: $n images so far, $made activations"
 	done
 	log "$n mutated images, $made of $((2 * n)) activations succeeded"
 	[ "$n" -eq $((6 * MUTATE_COUNT)) ] || fail "only $n images" || return 1
