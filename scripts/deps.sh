@@ -9,7 +9,8 @@ set -euo pipefail
 # --no-install-recommends is enough for booting with -kernel.
 PACKAGES="build-essential qemu-system-x86 qemu-utils linux-image-amd64
 linux-headers-amd64 busybox-static fio kmod cpio e2fsprogs xfsprogs lvm2
-dmsetup util-linux python3 sparse linux-source-6.1 gnuplot-nox dkms psmisc"
+dmsetup util-linux python3 sparse linux-source-6.1 gnuplot-nox dkms psmisc
+clang"
 
 missing=()
 for p in $PACKAGES "$@"; do
