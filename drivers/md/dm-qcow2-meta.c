@@ -783,6 +783,13 @@ int qcow2_alloc_cluster(struct qcow2 *q, u64 *host)
 	mutex_lock(&q->alloc_lock);
 	r = alloc_locked(q, host);
 	mutex_unlock(&q->alloc_lock);
+	/*
+	 * A failed write of a new refcount block, table or header may have
+	 * landed in part: stop writing (no space, no memory and corruption
+	 * are handled by their callers).
+	 */
+	if (r && r != -ENOSPC && r != -ENOMEM && r != -EUCLEAN)
+		qcow2_meta_error(q, r);
 	return r;
 }
 
