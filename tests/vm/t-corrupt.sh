@@ -297,13 +297,17 @@ test_l1_at_reftable_loop() {
 
 # An L2 table over the refcount block: its entries read as L2 entries.
 # Expected: corruption, and the block never written through the L2
-# slice. The overlap itself is not checked (see test_l2_at_refblock);
-# this passes because the 16-bit refcounts 1,1,1,1 of clusters 4-7 read
-# as an L2 entry with the zero flag and an offset past the end.
+# slice. A writable table loads the refcount blocks and refuses an L2
+# table and a refcount block in one cluster.
 test_l1_at_refblock() {
+	local whole
 	mk_image || return 1
 	poke "$l1_off" $((COPIED | rb_0)) || return 1
-	io_case 4096 "" "$rb_0"
+	whole=$(sha256sum <"$IMG")
+	# A writable table knows the refcount blocks: refused at load
+	DM_LEN=$(img_sectors "$IMG") expect_refused c "$IMG" \
+		"Refcount block used twice, or at an L2 table" || return 1
+	[ "$(sha256sum <"$IMG")" = "$whole" ] || fail "image changed"
 }
 
 test_l1_past_end() {
