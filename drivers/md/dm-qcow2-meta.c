@@ -1072,6 +1072,29 @@ static void mark_l2_tables(struct qcow2 *q)
 			meta_mark(q, l2, QCOW2_META_L2, GFP_KERNEL);
 }
 
+static u64 *load_table(struct qcow2 *q, u64 off, u32 entries, u32 padded);
+
+/*
+ * A read-only table does not keep the refcounts, but it still must not
+ * serve a refcount block as data: remember where the blocks are.
+ */
+static void mark_refblocks_ro(struct qcow2 *q)
+{
+	const struct qcow2_header *h = &q->hdr;
+	u32 n = ((u64)h->refcount_table_clusters << h->cluster_bits) /
+		sizeof(u64), i;
+	const char *err;
+	u64 *rt, block;
+
+	rt = load_table(q, h->refcount_table_offset, n, n);
+	if (!rt)
+		return;		/* the lookups still check everything else */
+	for (i = 0; i < n; i++)
+		if (!qcow2_reftable_decode(h, rt[i], &block, &err) && block)
+			meta_mark(q, block, QCOW2_META_REFBLOCK, GFP_KERNEL);
+	kvfree(rt);
+}
+
 /* Load a table of @entries (CPU byte order), padded to whole blocks. */
 static u64 *load_table(struct qcow2 *q, u64 off, u32 entries, u32 padded)
 {
@@ -1269,6 +1292,8 @@ static int load_metadata(struct qcow2 *q, const char **err)
 		return r;
 	}
 	mark_l2_tables(q);
+	if (!q->writable)
+		mark_refblocks_ro(q);
 	if (q->writable)
 		r = load_refcounts(q, err);
 	return r;

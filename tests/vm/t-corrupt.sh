@@ -210,20 +210,20 @@ test_l2_at_reftable() {
 }
 
 # A data cluster over a refcount block. Expected: corruption, and the
-# refcount block never written. The target's overlap check covers the
-# header and the L1 and refcount tables only, so this fails today.
+# refcount block never written (the target knows where the refcount
+# blocks and L2 tables are, read-only tables included).
 test_l2_at_refblock() {
 	mk_image || return 1
 	poke "$L2E1" $((COPIED | rb_0)) || return 1
-	io_case 4096 "" "$rb_0"
+	io_case 4096 "overlaps an L2 table or a refcount block" "$rb_0"
 }
 
-# A data cluster over another L2 table (B). Same as above: not detected
-# today, and a COPIED entry is written in place, over L2 table B.
+# A data cluster over another L2 table (B): detected like the above, so a
+# COPIED entry is never written in place over L2 table B.
 test_l2_at_other_l2() {
 	mk_image || return 1
 	poke "$L2E1" $((COPIED | l1_2)) || return 1
-	io_case 4096 "" "$l1_2"
+	io_case 4096 "overlaps an L2 table or a refcount block" "$l1_2"
 }
 
 test_l2_past_end() {
