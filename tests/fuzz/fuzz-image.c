@@ -298,6 +298,41 @@ static void decode_words(const u8 *data, size_t len)
 	}
 }
 
+/*
+ * Walk the snapshot table the way the target does (entry by entry, each
+ * length from its fixed part), checking what the parser promises.
+ */
+static void decode_snapshots(const struct qcow2_header *h, const u8 *data,
+			     size_t size)
+{
+	u64 off = h->snapshots_offset;
+	struct qcow2_snapshot s;
+	const char *err;
+	u32 i, len;
+
+	for (i = 0; i < h->nb_snapshots; i++) {
+		if (off > size || size - off < QCOW2_SNAPSHOT_HEADER_LEN)
+			return;
+		err = NULL;
+		if (qcow2_snapshot_entry_len(data + off, &len, &err)) {
+			check_err(-EINVAL, err, -EINVAL);
+			return;
+		}
+		CHECK(len >= QCOW2_SNAPSHOT_HEADER_LEN && !(len & 7));
+		if (size - off < len)
+			return;
+		err = NULL;
+		if (!qcow2_snapshot_parse(h, data + off, len, &s, &err)) {
+			CHECK(s.name_off + s.name_len <= len);
+			CHECK(s.id_off + s.id_len <= len);
+			CHECK(!(s.l1_table_offset & (h->cluster_size - 1)));
+		} else {
+			check_err(-EINVAL, err, -EINVAL);
+		}
+		off += len;
+	}
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
 	struct qcow2_header h;
@@ -350,5 +385,6 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 
 	decode_l1(&h, data, size);
 	decode_refcounts(&h, data, size);
+	decode_snapshots(&h, data, size);
 	return 0;
 }
