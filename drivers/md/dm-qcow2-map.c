@@ -116,7 +116,7 @@ static int map_lookup(struct qcow2 *q, u64 voff, bool can_block,
 	    m->type == QCOW2_CLUSTER_ZERO_ALLOC)
 		err = qcow2_data_cluster_check(q, m->host_offset);
 	else if (m->type == QCOW2_CLUSTER_COMPRESSED)
-		err = qcow2_host_range_check(q, m->host_offset, m->comp_len);
+		err = qcow2_data_range_check(q, m->host_offset, m->comp_len);
 	if (err)
 		return qcow2_corrupt(q, voff, err);
 	return 0;

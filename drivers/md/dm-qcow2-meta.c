@@ -122,12 +122,11 @@ static bool overlaps_metadata(struct qcow2 *q, u64 off, u64 len)
 }
 
 /*
- * Where data at @off may not be: in the header, past the end of the
- * image, or over the L1 or refcount table. Returns NULL when it is fine.
- * A range may end past the end of the image (compressed data is clamped
- * there); a cluster may not (qcow2_host_cluster_check()).
+ * Where a table or data at @off may not start: in the header, past the
+ * end of the image, or over the L1 or refcount table. Returns NULL when
+ * it is fine.
  */
-const char *qcow2_host_range_check(struct qcow2 *q, u64 off, u64 len)
+static const char *host_check(struct qcow2 *q, u64 off, u64 len)
 {
 	const struct qcow2_header *h = &q->hdr;
 	u64 size = READ_ONCE(q->io.size);
@@ -147,10 +146,11 @@ const char *qcow2_host_range_check(struct qcow2 *q, u64 off, u64 len)
 	return NULL;
 }
 
+/* An L2 table or refcount block: a whole cluster inside the image. */
 const char *qcow2_host_cluster_check(struct qcow2 *q, u64 off)
 {
 	u64 len = q->hdr.cluster_size, size = READ_ONCE(q->io.size);
-	const char *err = qcow2_host_range_check(q, off, len);
+	const char *err = host_check(q, off, len);
 
 	if (!err && len > size - off)
 		return "offset past the end of the image";
@@ -163,6 +163,8 @@ const char *qcow2_host_cluster_check(struct qcow2 *q, u64 off)
 /*
  * Remember that the cluster at @off holds metadata of @kind. -EEXIST when
  * it is already known as something else (or as a refcount block twice).
+ * The load and the store are not one step: callers are the table load
+ * (nothing else runs) and changes made under alloc_lock.
  */
 static int meta_mark(struct qcow2 *q, u64 off, unsigned long kind, gfp_t gfp)
 {
@@ -174,12 +176,41 @@ static int meta_mark(struct qcow2 *q, u64 off, unsigned long kind, gfp_t gfp)
 	return xa_err(xa_store(&q->meta, idx, xa_mk_value(kind), gfp));
 }
 
-/* A data cluster: not any known metadata either. */
+static bool meta_in(struct qcow2 *q, u64 first, u64 last)
+{
+	for (; first <= last; first++)
+		if (xa_load(&q->meta, first))
+			return true;
+	return false;
+}
+
+/*
+ * A data cluster: also not any known L2 table or refcount block. Runs for
+ * every bio (an RCU lookup): a pointer into metadata must never be used.
+ */
 const char *qcow2_data_cluster_check(struct qcow2 *q, u64 off)
 {
 	const char *err = qcow2_host_cluster_check(q, off);
+	u64 c = off >> q->hdr.cluster_bits;
 
-	if (!err && xa_load(&q->meta, off >> q->hdr.cluster_bits))
+	if (!err && meta_in(q, c, c))
+		return "overlaps an L2 table or a refcount block";
+	return err;
+}
+
+/*
+ * Compressed data: any byte range (at most a few clusters), which may
+ * end past the end of the image (it is clamped there when read). Its
+ * clusters' refcounts drop when it is rewritten, so it must not touch
+ * metadata either.
+ */
+const char *qcow2_data_range_check(struct qcow2 *q, u64 off, u64 len)
+{
+	const char *err = host_check(q, off, len);
+
+	if (!err && len &&
+	    meta_in(q, off >> q->hdr.cluster_bits,
+		    (off + len - 1) >> q->hdr.cluster_bits))
 		return "overlaps an L2 table or a refcount block";
 	return err;
 }
