@@ -136,6 +136,18 @@ unsigned int qcow2_buf_to_bvec(struct bio_vec *bv, unsigned int max,
 	return n;
 }
 
+/* Fill the data of @bio from @src (as many bytes as the bio holds). */
+void qcow2_bio_copy_from_buf(struct bio *bio, const void *src)
+{
+	struct bvec_iter iter;
+	struct bio_vec bv;
+
+	bio_for_each_segment(bv, bio, iter) {
+		memcpy_to_bvec(&bv, src);
+		src += bv.bv_len;
+	}
+}
+
 /* Synchronous I/O of a segment array to the block device, in bio chunks. */
 static int io_bdev_rw(struct qcow2_io *io, blk_opf_t opf,
 		      const struct bio_vec *bv, unsigned int nr, u64 off)

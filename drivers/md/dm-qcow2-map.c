@@ -170,13 +170,13 @@ static int chain_read(struct qcow2 *b, u64 voff, u8 *buf, u32 len)
 			return 0;
 		}
 		n = min_t(u64, len, b->hdr.size - voff);
-		if (!b->raw)
+		if (b->raw) {
+			r = qcow2_io_read_meta(&b->io, buf, n, voff);
+		} else {
 			n = min(n, b->hdr.cluster_size -
 				   qcow2_cluster_offset(&b->hdr, voff));
-		if (b->raw)
-			r = qcow2_io_read_meta(&b->io, buf, n, voff);
-		else
 			r = chain_read_cluster(b, voff, buf, n);
+		}
 		if (r)
 			return r;
 		voff += n;
@@ -190,9 +190,7 @@ static int chain_read(struct qcow2 *b, u64 voff, u8 *buf, u32 len)
 static int read_backing_bio(struct qcow2 *q, struct bio *bio)
 {
 	u32 len = bio->bi_iter.bi_size;
-	struct bvec_iter iter;
-	struct bio_vec bv;
-	u8 *buf, *p;
+	u8 *buf;
 	int r;
 
 	buf = kvmalloc(len, GFP_NOIO);
@@ -200,11 +198,7 @@ static int read_backing_bio(struct qcow2 *q, struct bio *bio)
 		return -ENOMEM;
 	r = chain_read(q->backing, bio_voff(bio), buf, len);
 	if (!r) {
-		p = buf;
-		bio_for_each_segment(bv, bio, iter) {
-			memcpy_to_bvec(&bv, p);
-			p += bv.bv_len;
-		}
+		qcow2_bio_copy_from_buf(bio, buf);
 	} else if (r != -EUCLEAN) {
 		DMERR_LIMIT("%s: cannot read the backing image at guest offset %llu: %d",
 			    dm_table_device_name(q->ti->table), bio_voff(bio),
@@ -599,7 +593,11 @@ static void write_work(struct qcow2 *q, struct bio *bio)
 /*
  * Drop one whole guest cluster: its L2 entry becomes unallocated, or a
  * zero cluster where the backing chain would show through (v3 only; a
- * v2 image keeps the data: discard is advisory). The host data's
+ * v2 image keeps the data: discard is advisory). The in-flight slot
+ * orders this against allocating writes of the cluster; in-place writes
+ * from map() are not tracked, so a write racing a discard of the same
+ * cluster (which no file system issues) may land in a freed cluster.
+ * The host data's
  * reference goes once the L2 change is durable, like any free.
  */
 static int discard_cluster(struct qcow2 *q, u64 voff)

@@ -178,20 +178,13 @@ int qcow2_zip_read_bio(struct qcow2 *q, const struct qcow2_l2_map *m,
 {
 	struct qcow2_zip *zip = &q->zip;
 	u64 voff = (u64)bio->bi_iter.bi_sector << SECTOR_SHIFT;
-	struct bvec_iter iter;
-	struct bio_vec bv;
-	u8 *src;
 	int r;
 
 	mutex_lock(&zip->lock);
 	r = zip_load(q, m, voff);
-	if (!r) {
-		src = zip->out + qcow2_cluster_offset(&q->hdr, voff);
-		bio_for_each_segment(bv, bio, iter) {
-			memcpy_to_bvec(&bv, src);
-			src += bv.bv_len;
-		}
-	}
+	if (!r)
+		qcow2_bio_copy_from_buf(bio, zip->out +
+					qcow2_cluster_offset(&q->hdr, voff));
 	mutex_unlock(&zip->lock);
 	return r;
 }

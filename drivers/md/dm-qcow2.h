@@ -60,6 +60,7 @@ void qcow2_io_discard(struct qcow2_io *io, u64 off, u64 len);
 int qcow2_io_zero_range(struct qcow2_io *io, u64 off, u64 len);
 unsigned int qcow2_buf_to_bvec(struct bio_vec *bv, unsigned int max,
 			       void *buf, size_t len);
+void qcow2_bio_copy_from_buf(struct bio *bio, const void *src);
 void qcow2_io_file_submit(struct qcow2_io *io, struct bio *bio, u64 pos);
 void qcow2_io_bdev_remap(struct qcow2_io *io, struct bio *bio, u64 pos);
 
