@@ -18,6 +18,9 @@
  *    rest filled with zeros or the old contents), and only then point the
  *    L2 entry at it;
  *  - compressed clusters are decompressed (dm-qcow2-zip.c);
+ *  - with subclusters (extended L2), ->map() cuts bios where the
+ *    subcluster state changes, and writes to subclusters not allocated
+ *    write only those (write_subclusters());
  *  - clusters the image does not have are read from the backing chain,
  *    and copied from it into new clusters on partial writes;
  *  - discards drop whole clusters (discard_cluster());
@@ -122,9 +125,98 @@ static int map_lookup(struct qcow2 *q, u64 voff, bool can_block,
 	return 0;
 }
 
-/* ---- The backing chain ---- */
-
 static int chain_read(struct qcow2 *b, u64 voff, u8 *buf, u32 len);
+
+/* ---- Subclusters (extended L2 entries) ---- */
+
+/*
+ * With extended L2 entries each cluster has 32 subclusters, each
+ * allocated (data at its place in the host cluster), reading as zeros,
+ * or unallocated (from the backing chain, or zeros). ->map() cuts a bio
+ * at the first change of state (dm_accept_partial_bio()) so that the
+ * paths above serve it as one state; workers also meet bios that cross
+ * states (FUA writes, cache misses, a bitmap that changed meanwhile) and
+ * read those through a buffer (sc_view()).
+ */
+static u32 sc_bits(const struct qcow2_header *h)
+{
+	return h->cluster_bits - ilog2(QCOW2_SUBCLUSTERS);
+}
+
+static u32 sc_index(const struct qcow2_header *h, u64 voff)
+{
+	return qcow2_cluster_offset(h, voff) >> sc_bits(h);
+}
+
+/* The subclusters that guest bytes [@voff, @voff + @len) touch. */
+static u32 sc_mask(const struct qcow2_header *h, u64 voff, u32 len)
+{
+	return GENMASK(sc_index(h, voff + len - 1), sc_index(h, voff));
+}
+
+static enum qcow2_cluster_type sc_type(const struct qcow2_l2_map *m, u32 i)
+{
+	if (m->sc_alloc & BIT(i))
+		return QCOW2_CLUSTER_NORMAL;
+	if (m->sc_zero & BIT(i))
+		return QCOW2_CLUSTER_ZERO_PLAIN;
+	return QCOW2_CLUSTER_UNALLOCATED;
+}
+
+/* Bytes from @voff (at most @len) whose subclusters share one state. */
+static u32 sc_run(const struct qcow2_header *h, const struct qcow2_l2_map *m,
+		  u64 voff, u32 len)
+{
+	u32 i = sc_index(h, voff), last = sc_index(h, voff + len - 1);
+	enum qcow2_cluster_type t = sc_type(m, i);
+
+	while (i < last && sc_type(m, i + 1) == t)
+		i++;
+	return min_t(u64, len, ((u64)(i + 1) << sc_bits(h)) -
+			       qcow2_cluster_offset(h, voff));
+}
+
+static bool sc_split(const struct qcow2_header *h,
+		     const struct qcow2_l2_map *m)
+{
+	return h->extended_l2 && m->type != QCOW2_CLUSTER_COMPRESSED;
+}
+
+/*
+ * Guest data of layer @q at [@voff, @voff + @len), within one cluster, as
+ * its subclusters say. Unallocated subclusters outside @exact are only
+ * zero-filled: their content will not be read back (the caller writes
+ * them to a new cluster where they stay unallocated).
+ */
+static int sc_view(struct qcow2 *q, const struct qcow2_l2_map *m, u64 voff,
+		   u8 *buf, u32 len, u32 exact)
+{
+	const struct qcow2_header *h = &q->hdr;
+	u32 n;
+	int r = 0;
+
+	for (; !r && len; voff += n, buf += n, len -= n) {
+		n = sc_run(h, m, voff, len);
+		switch (sc_type(m, sc_index(h, voff))) {
+		case QCOW2_CLUSTER_NORMAL:
+			r = qcow2_io_read_meta(&q->io, buf, n, m->host_offset +
+					       qcow2_cluster_offset(h, voff));
+			break;
+		case QCOW2_CLUSTER_UNALLOCATED:
+			if (q->backing && (exact & BIT(sc_index(h, voff)))) {
+				r = chain_read(q->backing, voff, buf, n);
+				break;
+			}
+			fallthrough;
+		default:
+			memset(buf, 0, n);
+			break;
+		}
+	}
+	return r;
+}
+
+/* ---- The backing chain ---- */
 
 /* Part of one cluster of a qcow2 backing layer. */
 static int chain_read_cluster(struct qcow2 *b, u64 voff, u8 *buf, u32 len)
@@ -135,6 +227,8 @@ static int chain_read_cluster(struct qcow2 *b, u64 voff, u8 *buf, u32 len)
 	r = map_lookup(b, voff, true, &lk);
 	if (r)
 		return r;
+	if (sc_split(&b->hdr, &lk.m))
+		return sc_view(b, &lk.m, voff, buf, len, U32_MAX);
 	switch (lk.m.type) {
 	case QCOW2_CLUSTER_UNALLOCATED:
 		if (b->backing)
@@ -186,36 +280,73 @@ static int chain_read(struct qcow2 *b, u64 voff, u8 *buf, u32 len)
 	return 0;
 }
 
-/* A read of a cluster the image does not have: from the chain below. */
-static int read_backing_bio(struct qcow2 *q, struct bio *bio)
+/*
+ * Reads served through a buffer: clusters the image does not have (from
+ * the chain below), and, given @m, bios that cross subcluster states.
+ */
+static int read_buffered(struct qcow2 *q, struct bio *bio,
+			 const struct qcow2_l2_map *m)
 {
 	u32 len = bio->bi_iter.bi_size;
+	u64 voff = bio_voff(bio);
 	u8 *buf;
 	int r;
 
 	buf = kvmalloc(len, GFP_NOIO);
 	if (!buf)
 		return -ENOMEM;
-	r = chain_read(q->backing, bio_voff(bio), buf, len);
-	if (!r) {
+	if (m)
+		r = sc_view(q, m, voff, buf, len, U32_MAX);
+	else
+		r = chain_read(q->backing, voff, buf, len);
+	if (!r)
 		qcow2_bio_copy_from_buf(bio, buf);
-	} else if (r != -EUCLEAN) {
-		DMERR_LIMIT("%s: cannot read the backing image at guest offset %llu: %d",
-			    dm_table_device_name(q->ti->table), bio_voff(bio),
-			    r);
-	}
+	else if (r != -EUCLEAN)
+		DMERR_LIMIT("%s: read at guest offset %llu failed: %d",
+			    dm_table_device_name(q->ti->table), voff, r);
 	kvfree(buf);
 	return r;
 }
 
 /* May this write go straight to the cluster it maps to? */
-static bool writable_in_place(struct qcow2_lookup *lk)
+static bool writable_in_place(struct qcow2 *q, struct qcow2_lookup *lk,
+			      struct bio *bio)
 {
-	return lk->m.type == QCOW2_CLUSTER_NORMAL && lk->m.copied &&
-	       lk->l2_copied;
+	u32 mask;
+
+	if (lk->m.type != QCOW2_CLUSTER_NORMAL || !lk->m.copied ||
+	    !lk->l2_copied)
+		return false;
+	if (!q->hdr.extended_l2)
+		return true;
+	mask = sc_mask(&q->hdr, bio_voff(bio), bio->bi_iter.bi_size);
+	return (lk->m.sc_alloc & mask) == mask;
 }
 
 /* ---- Dispatch ---- */
+
+/*
+ * Extended L2: serve @bio as the state of its first subcluster, cutting
+ * it where the state changes when that is allowed (in ->map() only; dm
+ * sends the rest as a new bio). False if it crosses states uncut.
+ */
+static bool sc_narrow(struct qcow2 *q, struct bio *bio,
+		      struct qcow2_lookup *lk, bool can_cut)
+{
+	const struct qcow2_header *h = &q->hdr;
+	u32 len = bio->bi_iter.bi_size, run;
+
+	if (!sc_split(h, &lk->m))
+		return true;
+	run = sc_run(h, &lk->m, bio_voff(bio), len);
+	if (run < len) {
+		if (!can_cut)
+			return false;
+		dm_accept_partial_bio(bio, run >> SECTOR_SHIFT);
+	}
+	lk->m.type = sc_type(&lk->m, sc_index(h, bio_voff(bio)));
+	return true;
+}
 
 static void file_io_work(struct work_struct *work)
 {
@@ -266,7 +397,7 @@ static int map_resolved(struct qcow2 *q, struct bio *bio,
 	case QCOW2_CLUSTER_UNALLOCATED:
 		/* Only from a worker: qcow2_map_bio() defers these */
 		if (q->backing)
-			return map_complete(bio, read_backing_bio(q, bio));
+			return map_complete(bio, read_buffered(q, bio, NULL));
 		fallthrough;
 	case QCOW2_CLUSTER_ZERO_PLAIN:
 	case QCOW2_CLUSTER_ZERO_ALLOC:
@@ -524,6 +655,139 @@ static int choose_target(struct qcow2 *q, struct qcow2_lookup *lk,
 	return r;
 }
 
+/* Where a write to subclusters goes: [@ws, @we) of the cluster at @host. */
+struct qcow2_sc_write {
+	u64 host;
+	u32 ws, we;
+	u64 old;		/* a shared cluster copied away, or 0 */
+	bool allocated;
+};
+
+/*
+ * Bytes of the write range around the bio, as the subclusters read now,
+ * and the bio's data between them, written at @w->host + @w->ws.
+ */
+static int write_sc_range(struct qcow2 *q, struct bio *bio,
+			  const struct qcow2_l2_map *m,
+			  const struct qcow2_sc_write *w, u32 exact)
+{
+	u64 voff = bio_voff(bio), cstart = round_down(voff, q->hdr.cluster_size);
+	u32 off = voff - cstart, end = off + bio->bi_iter.bi_size;
+	u32 head = off - w->ws, tail = w->we - end;
+	unsigned int max, nr = 0;
+	u8 *hbuf = NULL, *tbuf = NULL;
+	struct bvec_iter iter;
+	struct bio_vec bv, *vec;
+	int r = -ENOMEM;
+
+	max = (head + tail) / PAGE_SIZE + 4 + bio_segments(bio);
+	vec = kmalloc_array(max, sizeof(*vec), GFP_NOIO);
+	if (head)
+		hbuf = kvmalloc(head, GFP_NOIO);
+	if (tail)
+		tbuf = kvmalloc(tail, GFP_NOIO);
+	if (!vec || (head && !hbuf) || (tail && !tbuf))
+		goto out;
+	r = sc_view(q, m, cstart + w->ws, hbuf, head, exact);
+	if (!r)
+		r = sc_view(q, m, cstart + end, tbuf, tail, exact);
+	if (r)
+		goto out;
+	nr = qcow2_buf_to_bvec(vec, max, hbuf, head);
+	bio_for_each_segment(bv, bio, iter)
+		vec[nr++] = bv;
+	nr += qcow2_buf_to_bvec(vec + nr, max - nr, tbuf, tail);
+	r = qcow2_io_write_data(&q->io, vec, nr, w->we - w->ws,
+				w->host + w->ws);
+out:
+	kvfree(hbuf);
+	kvfree(tbuf);
+	kfree(vec);
+	return r;
+}
+
+/*
+ * Choose where a write to subclusters goes. A cluster we own is written
+ * in place, only the subclusters the bio touches; an allocated one at
+ * either edge is left out of the range (its data is live and may be
+ * written from ->map() meanwhile). An unallocated cluster gets a new one
+ * of which only those subclusters are written; a shared one is copied
+ * whole to a new one (its allocated subclusters; the rest stays zero).
+ */
+static int sc_target(struct qcow2 *q, struct bio *bio,
+		     const struct qcow2_l2_map *m, struct qcow2_sc_write *w)
+{
+	const struct qcow2_header *h = &q->hdr;
+	u32 scs = 1U << sc_bits(h), len = bio->bi_iter.bi_size;
+	u64 voff = bio_voff(bio);
+	u32 off = qcow2_cluster_offset(h, voff);
+	int r;
+
+	memset(w, 0, sizeof(*w));
+	w->ws = round_down(off, scs);
+	w->we = round_up(off + len, scs);
+	if (m->type == QCOW2_CLUSTER_NORMAL && m->copied) {
+		w->host = m->host_offset;
+		if (m->sc_alloc & BIT(sc_index(h, voff)))
+			w->ws = off;
+		if (m->sc_alloc & BIT(sc_index(h, voff + len - 1)))
+			w->we = off + len;
+		return 0;
+	}
+	if (m->type == QCOW2_CLUSTER_NORMAL) {
+		w->old = m->host_offset;
+		w->ws = 0;
+		w->we = h->cluster_size;
+	}
+	r = qcow2_alloc_cluster(q, &w->host);
+	if (r)
+		return r;
+	w->allocated = true;
+	/*
+	 * A file must hold the whole new cluster (the tables are checked
+	 * against its size): extend it sparsely, or write all of it.
+	 */
+	if (q->io.file && w->we - w->ws < h->cluster_size &&
+	    qcow2_io_zero_range(&q->io, w->host, h->cluster_size)) {
+		w->ws = 0;
+		w->we = h->cluster_size;
+	}
+	return 0;
+}
+
+/*
+ * A write to subclusters that are not all allocated in a cluster we own
+ * (extended L2 entries, not compressed): data first, then the entry with
+ * the bio's subclusters allocated and no longer zero.
+ */
+static int write_subclusters(struct qcow2 *q, struct bio *bio,
+			     struct qcow2_lookup *lk)
+{
+	const struct qcow2_l2_map *m = &lk->m;
+	u64 voff = bio_voff(bio);
+	u32 mask = sc_mask(&q->hdr, voff, bio->bi_iter.bi_size);
+	struct qcow2_sc_write w;
+	u64 bitmap;
+	int r;
+
+	r = sc_target(q, bio, m, &w);
+	if (r)
+		return r;
+	r = write_sc_range(q, bio, m, &w, mask);
+	bitmap = (u64)(m->sc_zero & ~mask) << 32 | (m->sc_alloc | mask);
+	if (!r)
+		r = qcow2_set_l2_entry(q, lk->l2_off, voff,
+				       w.host | QCOW2_OFLAG_COPIED, bitmap);
+	if (r) {
+		if (w.allocated)
+			qcow2_refcount_update(q, w.host, -1);
+		return r;
+	}
+	if (w.old)
+		qcow2_defer_free(q, w.old, q->hdr.cluster_size);
+	return 0;
+}
+
 /*
  * Write a bio to a cluster that needs a new host cluster or a zero flag
  * cleared. Data first, then the L2 entry; the old data's refcount is
@@ -541,12 +805,15 @@ static int write_allocating(struct qcow2 *q, struct bio *bio,
 		r = map_lookup(q, voff, true, lk);	/* the table may be new */
 	if (r)
 		return r;
+	if (sc_split(&q->hdr, &lk->m))
+		return write_subclusters(q, bio, lk);
 	r = choose_target(q, lk, bio, &t);
 	if (!r)
 		r = write_cluster(q, bio, t.host, &t.fill);
+	/* A whole new cluster: every subcluster allocated */
 	if (!r)
 		r = qcow2_set_l2_entry(q, lk->l2_off, voff,
-				       t.host | QCOW2_OFLAG_COPIED);
+				       t.host | QCOW2_OFLAG_COPIED, U32_MAX);
 	kvfree(t.fill.buf);
 	if (r) {
 		if (t.allocated)
@@ -566,7 +833,7 @@ static void write_work(struct qcow2 *q, struct bio *bio)
 
 	inflight_begin(q, pb, bio_voff(bio) >> q->hdr.cluster_bits);
 	r = map_lookup(q, bio_voff(bio), true, &lk);
-	if (r || writable_in_place(&lk)) {
+	if (r || writable_in_place(q, &lk, bio)) {
 		inflight_end(q, pb);
 		/* FUA: what maps this cluster must be durable too */
 		if (!r && bio->bi_opf & REQ_FUA)
@@ -603,7 +870,7 @@ static void write_work(struct qcow2 *q, struct bio *bio)
 static int discard_cluster(struct qcow2 *q, u64 voff)
 {
 	struct qcow2_lookup lk;
-	u64 entry = 0, old = 0;
+	u64 entry = 0, bitmap = 0, old = 0;
 	u32 old_len = q->hdr.cluster_size;
 	int r;
 
@@ -628,12 +895,16 @@ static int discard_cluster(struct qcow2 *q, u64 voff)
 	if (q->backing) {
 		if (q->hdr.version < 3)
 			return 0;
-		entry = QCOW2_OFLAG_ZERO;
+		/* Extended L2: every subcluster reads as zeros */
+		if (q->hdr.extended_l2)
+			bitmap = (u64)U32_MAX << 32;
+		else
+			entry = QCOW2_OFLAG_ZERO;
 	}
 	/* The L2 table may be shared with a snapshot: get our own */
 	r = qcow2_l2_for_write(q, voff, &lk.l2_off);
 	if (!r)
-		r = qcow2_set_l2_entry(q, lk.l2_off, voff, entry);
+		r = qcow2_set_l2_entry(q, lk.l2_off, voff, entry, bitmap);
 	if (!r && old)
 		qcow2_defer_free(q, old, old_len);
 	return r;
@@ -684,6 +955,8 @@ static void map_work(struct work_struct *work)
 	r = map_lookup(q, bio_voff(bio), true, &lk);
 	if (r)
 		map_complete(bio, r);
+	else if (!sc_narrow(q, bio, &lk, false))
+		map_complete(bio, read_buffered(q, bio, &lk.m));
 	else
 		map_resolved(q, bio, &lk, true);
 }
@@ -718,7 +991,9 @@ int qcow2_map_bio(struct qcow2 *q, struct bio *bio)
 		return defer(q, bio);
 
 	r = map_lookup(q, bio_voff(bio), false, &lk);
-	if (r == -EAGAIN || (!r && write && !writable_in_place(&lk)) ||
+	if (!r)
+		sc_narrow(q, bio, &lk, true);
+	if (r == -EAGAIN || (!r && write && !writable_in_place(q, &lk, bio)) ||
 	    (!r && lk.m.type == QCOW2_CLUSTER_COMPRESSED) ||
 	    (!r && lk.m.type == QCOW2_CLUSTER_UNALLOCATED && q->backing))
 		return defer(q, bio);

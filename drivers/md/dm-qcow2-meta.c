@@ -190,8 +190,17 @@ static bool meta_in(struct qcow2 *q, u64 first, u64 last)
  */
 const char *qcow2_data_cluster_check(struct qcow2 *q, u64 off)
 {
-	const char *err = qcow2_host_cluster_check(q, off);
 	u64 c = off >> q->hdr.cluster_bits;
+	const char *err;
+
+	/*
+	 * QEMU writes only the subclusters it allocates: with extended L2
+	 * entries the last data cluster may end past the end of the file.
+	 */
+	if (q->hdr.extended_l2)
+		err = host_check(q, off, q->hdr.cluster_size);
+	else
+		err = qcow2_host_cluster_check(q, off);
 
 	if (!err && meta_in(q, c, c))
 		return "overlaps an L2 table or a refcount block";
@@ -904,6 +913,8 @@ out:
 struct l2_change {
 	u32 byte;
 	u64 entry;
+	u64 bitmap;
+	bool extended;
 };
 
 static int l2_apply(void *data, void *arg)
@@ -912,15 +923,27 @@ static int l2_apply(void *data, void *arg)
 	__be64 *e = data + lc->byte;
 
 	e[0] = cpu_to_be64(lc->entry);
+	if (lc->extended)
+		e[1] = cpu_to_be64(lc->bitmap);
 	return 0;
 }
 
-/* Point the L2 entry of @voff in the table at @l2_off to @entry. */
-int qcow2_set_l2_entry(struct qcow2 *q, u64 l2_off, u64 voff, u64 entry)
+/*
+ * Point the L2 entry of @voff in the table at @l2_off to @entry; with
+ * extended L2 entries, @bitmap is its subcluster bitmap (ignored
+ * otherwise). Both words are in one slice: one change.
+ */
+int qcow2_set_l2_entry(struct qcow2 *q, u64 l2_off, u64 voff, u64 entry,
+		       u64 bitmap)
 {
 	unsigned int slice = q->cache.slice_size;
 	u64 byte = (u64)qcow2_l2_index(&q->hdr, voff) * q->hdr.l2_entry_size;
-	struct l2_change lc = { .byte = byte & (slice - 1), .entry = entry };
+	struct l2_change lc = {
+		.byte = byte & (slice - 1),
+		.entry = entry,
+		.bitmap = bitmap,
+		.extended = q->hdr.extended_l2,
+	};
 
 	return modify_slice(q, QCOW2_SLICE_L2, l2_off + round_down(byte, slice),
 			    l2_apply, &lc);
@@ -981,8 +1004,6 @@ static int check_supported(struct qcow2 *q, const char **err)
 		*err = "Encrypted images are not supported";
 	else if (h->incompatible_features & QCOW2_INCOMPAT_DATA_FILE)
 		*err = "Images with an external data file are not supported";
-	else if (h->extended_l2)
-		*err = "Extended L2 entries (subclusters) are not supported yet";
 	else if (q->io.dev && h->cluster_size < q->io.lbs)
 		*err = "Cluster size smaller than the device's logical block size";
 	else

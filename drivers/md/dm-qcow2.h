@@ -239,7 +239,8 @@ int qcow2_alloc_cluster(struct qcow2 *q, u64 *host);
 int qcow2_refcount_update(struct qcow2 *q, u64 host, int delta);
 void qcow2_defer_free(struct qcow2 *q, u64 host, u64 len);
 int qcow2_l2_for_write(struct qcow2 *q, u64 voff, u64 *l2_off);
-int qcow2_set_l2_entry(struct qcow2 *q, u64 l2_off, u64 voff, u64 entry);
+int qcow2_set_l2_entry(struct qcow2 *q, u64 l2_off, u64 voff, u64 entry,
+		       u64 bitmap);
 void qcow2_meta_error(struct qcow2 *q, int err);
 int qcow2_deactivate(struct qcow2 *q);
 

@@ -24,8 +24,6 @@ test_unsupported_features() {
 	truncate -s 16M base.raw
 	must qemu-img create -q -f qcow2 -b "$PWD/base.raw" -F raw backed.qcow2 ||
 		return 1
-	must qemu-img create -q -f qcow2 -o extended_l2=on extl2.qcow2 16M ||
-		return 1
 	must qemu-img create -q -f qcow2 -o data_file="$PWD/data.raw" ext.qcow2 16M ||
 		return 1
 	must qemu-img create -q -f qcow2 --object secret,id=s0,data=pw \
@@ -35,8 +33,6 @@ test_unsupported_features() {
 	expect_refused u1 "$PWD/backed.qcow2" \
 		"The image has a backing file: name it with the backing feature argument" \
 		--readonly || bad=1
-	expect_refused u2 "$PWD/extl2.qcow2" \
-		"Extended L2 entries (subclusters) are not supported yet" --readonly || bad=1
 	expect_refused u4 "$PWD/ext.qcow2" \
 		"Images with an external data file are not supported" --readonly || bad=1
 	expect_refused u5 "$PWD/luks.qcow2" \
