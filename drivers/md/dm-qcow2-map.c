@@ -24,6 +24,8 @@
  *  - clusters the image does not have are read from the backing chain,
  *    and copied from it into new clusters on partial writes;
  *  - discards drop whole clusters (discard_cluster());
+ *  - write-zeroes makes whole clusters zero clusters (v3) and writes
+ *    zeros elsewhere, where the data does not read as zeros already;
  *  - flushes write back the metadata and flush the image (qcow2_sync()).
  *
  * Every entry is decoded by dm-qcow2-format and every host offset is
@@ -932,6 +934,159 @@ static void discard_work(struct qcow2 *q, struct bio *bio)
 	map_complete(bio, r);
 }
 
+/* ---- Write zeroes ---- */
+
+/* Does [@voff, @voff + @len) of one cluster read as zeros already? */
+static bool reads_zero(struct qcow2 *q, const struct qcow2_lookup *lk,
+		       u64 voff, u32 len)
+{
+	const struct qcow2_l2_map *m = &lk->m;
+	u32 mask;
+
+	if (sc_split(&q->hdr, m)) {
+		mask = sc_mask(&q->hdr, voff, len);
+		if (q->backing)
+			return (m->sc_zero & mask) == mask;
+		return !(m->sc_alloc & mask);
+	}
+	return m->type == QCOW2_CLUSTER_ZERO_PLAIN ||
+	       m->type == QCOW2_CLUSTER_ZERO_ALLOC ||
+	       (m->type == QCOW2_CLUSTER_UNALLOCATED && !q->backing);
+}
+
+/*
+ * A whole cluster becomes a zero cluster (v3): with @unmap its data's
+ * reference goes (like a discard's); without, a cluster we own keeps its
+ * host cluster (zero flag, or every subcluster zero, over it).
+ */
+static int zero_cluster(struct qcow2 *q, u64 voff, bool unmap)
+{
+	bool ext = q->hdr.extended_l2;
+	u64 entry = ext ? 0 : QCOW2_OFLAG_ZERO;
+	u64 bitmap = ext ? (u64)U32_MAX << 32 : 0, old = 0;
+	u32 old_len = q->hdr.cluster_size;
+	struct qcow2_lookup lk;
+	int r;
+
+	r = map_lookup(q, voff, true, &lk);
+	if (r)
+		return r;
+	switch (lk.m.type) {
+	case QCOW2_CLUSTER_UNALLOCATED:
+	case QCOW2_CLUSTER_ZERO_PLAIN:
+		if (reads_zero(q, &lk, voff, q->hdr.cluster_size))
+			return 0;
+		break;
+	case QCOW2_CLUSTER_COMPRESSED:
+		old_len = lk.m.comp_len;
+		fallthrough;
+	case QCOW2_CLUSTER_ZERO_ALLOC:
+	case QCOW2_CLUSTER_NORMAL:
+		if (!unmap && lk.m.copied && lk.l2_copied)
+			entry |= lk.m.host_offset | QCOW2_OFLAG_COPIED;
+		else
+			old = lk.m.host_offset;
+		break;
+	}
+	r = qcow2_l2_for_write(q, voff, &lk.l2_off);
+	if (!r)
+		r = qcow2_set_l2_entry(q, lk.l2_off, voff, entry, bitmap);
+	if (!r && old)
+		qcow2_defer_free(q, old, old_len);
+	return r;
+}
+
+/* A bio of @len bytes of zeros at @voff, for the allocating write path. */
+static struct bio *zero_bio(u64 voff, u32 len)
+{
+	unsigned short nr = DIV_ROUND_UP(len, PAGE_SIZE);
+	struct bio *bio = bio_kmalloc(nr, GFP_NOIO);
+	u32 n;
+
+	if (!bio)
+		return NULL;
+	bio_init(bio, NULL, bio->bi_inline_vecs, nr, REQ_OP_WRITE);
+	bio->bi_iter.bi_sector = voff >> SECTOR_SHIFT;
+	for (; len; len -= n) {
+		n = min_t(u32, len, PAGE_SIZE);
+		__bio_add_page(bio, ZERO_PAGE(0), n, 0);
+	}
+	return bio;
+}
+
+/* Zeros written in place, by the layer below when it can. */
+static int zero_in_place(struct qcow2 *q, u64 host, u32 len)
+{
+	struct bio *bio;
+	struct bio_vec *bv;
+	int r;
+
+	if (!qcow2_io_zero_range(&q->io, host, len))
+		return 0;
+	bio = zero_bio(0, len);
+	if (!bio)
+		return -ENOMEM;
+	bv = bio->bi_io_vec;
+	r = qcow2_io_write_data(&q->io, bv, bio->bi_vcnt, len, host);
+	bio_uninit(bio);
+	kfree(bio);
+	return r;
+}
+
+/*
+ * Part of a cluster (or any of a v2 image): nothing to do where it reads
+ * as zeros already; zeros written in place in a cluster we own; else an
+ * allocating write of zeros.
+ */
+static int zero_partial(struct qcow2 *q, u64 voff, u32 len)
+{
+	struct qcow2_lookup lk;
+	struct bio *bio;
+	int r;
+
+	r = map_lookup(q, voff, true, &lk);
+	if (r || reads_zero(q, &lk, voff, len))
+		return r;
+	bio = zero_bio(voff, len);
+	if (!bio)
+		return -ENOMEM;
+	if (writable_in_place(q, &lk, bio))
+		r = zero_in_place(q, lk.m.host_offset +
+				  qcow2_cluster_offset(&q->hdr, voff), len);
+	else
+		r = write_allocating(q, bio, &lk);
+	bio_uninit(bio);
+	kfree(bio);
+	return r;
+}
+
+/* REQ_OP_WRITE_ZEROES, cluster by cluster, each in its in-flight slot. */
+static void zeroes_work(struct qcow2 *q, struct bio *bio)
+{
+	struct qcow2_bio *pb = dm_per_bio_data(bio, sizeof(*pb));
+	u64 cs = q->hdr.cluster_size, voff = bio_voff(bio);
+	u64 end = voff + bio->bi_iter.bi_size;
+	bool unmap = !(bio->bi_opf & REQ_NOUNMAP);
+	u32 n;
+	int r = 0;
+
+	for (; !r && voff < end; voff += n) {
+		n = min(end, round_down(voff, cs) + cs) - voff;
+		inflight_begin(q, pb, voff >> q->hdr.cluster_bits);
+		if (n == cs && q->hdr.version >= 3)
+			r = zero_cluster(q, voff, unmap);
+		else
+			r = zero_partial(q, voff, n);
+		inflight_end(q, pb);
+	}
+	if (!r && bio->bi_opf & REQ_FUA)
+		r = qcow2_sync(q);
+	if (r && r != -EUCLEAN)
+		DMERR_LIMIT("%s: write zeroes at guest offset %llu failed: %d",
+			    dm_table_device_name(q->ti->table), voff, r);
+	map_complete(bio, r);
+}
+
 static void map_work(struct work_struct *work)
 {
 	struct qcow2_bio *pb = container_of(work, struct qcow2_bio, work);
@@ -946,6 +1101,10 @@ static void map_work(struct work_struct *work)
 	}
 	if (bio_op(bio) == REQ_OP_DISCARD) {
 		discard_work(q, bio);
+		return;
+	}
+	if (bio_op(bio) == REQ_OP_WRITE_ZEROES) {
+		zeroes_work(q, bio);
 		return;
 	}
 	if (op_is_write(bio_op(bio))) {
@@ -983,7 +1142,7 @@ int qcow2_map_bio(struct qcow2 *q, struct bio *bio)
 		return q->writable ? defer(q, bio) : map_complete(bio, 0);
 	if (write && READ_ONCE(q->mode) != QCOW2_MODE_RW)
 		return DM_MAPIO_KILL;
-	if (bio_op(bio) == REQ_OP_DISCARD)
+	if (bio_op(bio) == REQ_OP_DISCARD || bio_op(bio) == REQ_OP_WRITE_ZEROES)
 		return defer(q, bio);
 	if (bio_op(bio) != REQ_OP_READ && bio_op(bio) != REQ_OP_WRITE)
 		return DM_MAPIO_KILL;

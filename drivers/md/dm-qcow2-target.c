@@ -259,6 +259,7 @@ static int qcow2_ctr(struct dm_target *ti, unsigned int argc, char **argv)
 	if (q->writable) {
 		ti->num_discard_bios = 1;
 		ti->discards_supported = true;
+		ti->num_write_zeroes_bios = 1;
 	}
 	ti->per_io_data_size = sizeof(struct qcow2_bio);
 	ti->private = q;
@@ -408,6 +409,7 @@ static void qcow2_io_hints(struct dm_target *ti, struct queue_limits *limits)
 		limits->max_discard_sectors =
 			min_t(u64, UINT_MAX >> SECTOR_SHIFT,
 			      (u64)q->hdr.cluster_size << (10 - SECTOR_SHIFT));
+		limits->max_write_zeroes_sectors = limits->max_discard_sectors;
 	}
 }
 

@@ -363,6 +363,88 @@ test_discard_fstrim() {
 	cd .. && rm -rf ft
 }
 
+# ---- write zeroes -------------------------------------------------------------
+
+# zero_data IMG START LEN: bytes of [START, START + LEN) that qemu-img map
+# reports as data (not zero clusters).
+zero_data() {
+	qemu-img map --output=json "$1" | python3 -c '
+import json, sys
+s, n = int(sys.argv[1]), int(sys.argv[2])
+t = 0
+for e in json.load(sys.stdin):
+    lo, hi = max(s, e["start"]), min(s + n, e["start"] + e["length"])
+    if hi > lo and e["data"]:
+        t += hi - lo
+print(t)' "$2" "$3"
+}
+
+# wz_case OPTS [backing]: write-zeroes requests (fallocate punch-hole,
+# i.e. may unmap; zero-range and BLKZEROOUT, i.e. keep the allocation)
+# over whole and partial clusters, over data and over a backing file: the
+# image reads as a copy that got qemu-io's "write -z [-u]" at the same
+# places, checks clean, and on v3 whole clusters became zero clusters,
+# their space freed where unmapping was allowed.
+wz_case() {
+	local opts=$1 backing='' img dev a0 a1 tbl blk w=() z=()
+	newdir wz || return 1
+	[ "${2:-}" != backing ] || backing=$PWD/base.raw
+	img=$PWD/w.qcow2
+	if [ -n "$backing" ]; then
+		must truncate -s 16M base.raw || return 1
+		qio -f raw -c "write -P 0x66 0 16M" base.raw || return 1
+	fi
+	must qemu-img create -q -f qcow2 -o "$opts" \
+		${backing:+-b "$backing" -F raw} "$img" 16M || return 1
+	w=(-c "write -P 0x65 0 10M")
+	z=(-c "write -z -u 1M 1M" -c "write -z 3M 512k"
+	   -c "write -z -u $((5 << 20 | 1536)) 100k"
+	   -c "write -z $((7 << 20 | 3584)) 70k"
+	   -c "write -z -u 11M 2M" -c "write -z $((14 << 20)) 4k")
+	must cp "$img" ref.qcow2 || return 1
+	qio -f qcow2 "${w[@]}" "${z[@]}" ref.qcow2 || return 1
+
+	tbl=$img${backing:+ 2 backing $backing}
+	DM_LEN=$((16 << 11)) dm_create wz "$tbl" || return 1
+	dev=/dev/mapper/wz
+	blk=$(dmsetup info -c --noheadings -o blkdevname wz)
+	[ "$(cat "/sys/block/$blk/queue/write_zeroes_max_bytes")" -gt 0 ] ||
+		fail "no write-zeroes support advertised" || return 1
+	qio -n -f raw "${w[@]}" "$dev" || return 1
+	must fsync_path "$dev" || return 1
+	a0=$(dm_status_field wz 9)
+	must fallocate -p -o 1M -l 1M "$dev" &&
+		must fallocate -z -o 3M -l 512k "$dev" &&
+		must fallocate -p -o $((5 << 20 | 1536)) -l 100k "$dev" &&
+		must blkdiscard -z -o $((7 << 20 | 3584)) -l 70k "$dev" &&
+		must fallocate -p -o 11M -l 2M "$dev" &&
+		must fallocate -z -o $((14 << 20)) -l 4k "$dev" || return 1
+	must fsync_path "$dev" || return 1
+	must dmsetup message wz 0 flush || return 1
+	a1=$(dm_status_field wz 9)
+	log "allocated clusters: $a0 before, $a1 after"
+	dm_remove wz || return 1
+	img_check "$img" || return 1
+	must qemu-img compare ref.qcow2 "$img" || return 1
+	case $opts in
+	*compat=0.10*) ;;
+	*)
+		[ "$(zero_data "$img" $((1 << 20)) $((1 << 20)))" = 0 ] &&
+			[ "$(zero_data "$img" $((3 << 20)) $((512 << 10)))" = 0 ] ||
+			fail "whole clusters still map data" || return 1
+		[ -n "$backing" ] || [ "$a1" -lt "$a0" ] ||
+			fail "no cluster freed by the unmapping requests" ||
+			return 1
+		;;
+	esac
+	cd .. && rm -rf wz
+}
+
+test_wz_v3()		{ dm_only || return 0; wz_case cluster_size=64k; }
+test_wz_v2()		{ dm_only || return 0; wz_case compat=0.10,cluster_size=4k; }
+test_wz_backing()	{ dm_only || return 0; wz_case cluster_size=64k backing; }
+test_wz_extl2()		{ dm_only || return 0; wz_case extended_l2=on,cluster_size=64k backing; }
+
 # ---- subclusters (extended L2 entries) -------------------------------------
 
 # sc_image IMG OPTS SIZE [BACKING]: an extended-L2 image with allocated,
