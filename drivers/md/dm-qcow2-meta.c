@@ -235,6 +235,7 @@ static int write_header(struct qcow2 *q)
 
 	qcow2_put_be64(b + QCOW2_HDR_SIZE_OFF, h->size);
 	qcow2_put_be32(b + QCOW2_HDR_L1_SIZE_OFF, h->l1_size);
+	qcow2_put_be64(b + QCOW2_HDR_L1_OFFSET_OFF, h->l1_table_offset);
 	qcow2_put_be64(b + QCOW2_HDR_REFTABLE_OFF, h->refcount_table_offset);
 	qcow2_put_be32(b + QCOW2_HDR_REFTABLE_CLUSTERS_OFF,
 		       h->refcount_table_clusters);
@@ -758,6 +759,7 @@ static int check_taken(struct qcow2 *q, u64 cluster)
 	u64 off = cluster << q->hdr.cluster_bits;
 
 	atomic64_inc(&q->allocated);
+	q->end_cluster = max(q->end_cluster, cluster + 1);
 	if (!cluster_fits(q, cluster, 1)) {
 		refcount_update_locked(q, off, -1);	/* give it back */
 		return -ENOSPC;
@@ -1191,6 +1193,7 @@ static int scan_refcounts(struct qcow2 *q, const char **err)
 {
 	const struct qcow2_header *h = &q->hdr;
 	u64 per = clusters_per_block(q), block, i, n = 0, first_free = ~0ULL;
+	u64 end = 0;
 	void *buf;
 	u32 rt;
 	int r = 0;
@@ -1217,16 +1220,19 @@ static int scan_refcounts(struct qcow2 *q, const char **err)
 		}
 		r = qcow2_io_read_meta(&q->io, buf, h->cluster_size, block);
 		for (i = 0; !r && i < per; i++) {
-			if (qcow2_refcount_get(buf, i, h->refcount_order))
+			if (qcow2_refcount_get(buf, i, h->refcount_order)) {
 				n++;
-			else if (first_free == ~0ULL && (rt * per + i))
+				end = rt * per + i + 1;
+			} else if (first_free == ~0ULL && (rt * per + i)) {
 				first_free = rt * per + i;
+			}
 		}
 	}
 	kvfree(buf);
 	if (r == -EUCLEAN)
 		r = -EINVAL;
 	atomic64_set(&q->allocated, n);
+	q->end_cluster = end;
 	q->free_cursor = first_free == ~0ULL ? (u64)q->rt_entries * per :
 					       first_free;
 	return r;
@@ -1370,34 +1376,134 @@ static u32 l1_needed(const struct qcow2_header *h, u64 size)
 }
 
 /*
- * Can the image grow to @size bytes? Only within the clusters its L1
- * table already occupies (64 KiB clusters: 4 TiB per L1 cluster); moving
- * the L1 table is not done.
+ * Can the image grow to @size bytes? Up to the largest L1 table we load
+ * (QCOW2_MAX_L1_BYTES: 256 PiB at 64 KiB clusters); beyond the clusters
+ * the L1 table occupies now, it moves (grow_l1_moved()).
  */
 int qcow2_grow_check(struct qcow2 *q, u64 size, const char **err)
 {
-	const struct qcow2_header *h = &q->hdr;
-	u64 room = round_up((u64)h->l1_size * sizeof(u64), h->cluster_size);
-
-	if (l1_needed(h, size) > room / sizeof(u64) ||
-	    l1_needed(h, size) > QCOW2_MAX_L1_BYTES / sizeof(u64)) {
-		*err = "Growing this much needs a larger L1 table (not supported)";
+	if (l1_needed(&q->hdr, size) > QCOW2_MAX_L1_BYTES / sizeof(u64)) {
+		*err = "Growing this much needs an L1 table over 32 MiB";
 		return -EOPNOTSUPP;
 	}
 	return 0;
 }
 
 /*
- * Grow the virtual size at resume, the device suspended. New L1 entries
- * are written as zeros first (the rest of the L1 cluster may hold
- * anything) and flushed; then the header takes the new size and L1 size
- * in one sector write. A crash in between leaves the old size.
+ * Take @n contiguous clusters for a table. The allocator hands out the
+ * lowest free cluster, so start past the last cluster in use, where the
+ * run is free unless a new refcount block lands in it: then start again
+ * after it, keeping the clusters taken so far (@spare) to give back at
+ * the end (giving them back now would move the cursor back onto them).
+ * Called with alloc_lock.
+ */
+#define QCOW2_MAX_RESTARTS	8
+
+static int alloc_run(struct qcow2 *q, u32 n, u64 *start)
+{
+	u32 bits = q->hdr.cluster_bits, got = 0, nr_spare = 0, i;
+	u64 cursor = q->free_cursor, spare[QCOW2_MAX_RESTARTS + 1][2], host;
+	int r = 0;
+
+	q->free_cursor = max(cursor, q->end_cluster);
+	while (got < n) {
+		r = alloc_locked(q, &host);
+		if (r)
+			break;
+		if (got && host != *start + ((u64)got << bits)) {
+			if (nr_spare == QCOW2_MAX_RESTARTS) {
+				refcount_update_locked(q, host, -1);
+				r = -ENOSPC;
+				break;
+			}
+			spare[nr_spare][0] = *start;
+			spare[nr_spare++][1] = got;
+			got = 0;
+		}
+		if (!got)
+			*start = host;
+		got++;
+	}
+	if (r && got) {
+		spare[nr_spare][0] = *start;	/* room kept for this one */
+		spare[nr_spare++][1] = got;
+	}
+	for (i = 0; i < nr_spare; i++)
+		for (got = 0; got < spare[i][1]; got++)
+			refcount_update_locked(q, spare[i][0] +
+					       ((u64)got << bits), -1);
+	q->free_cursor = min(q->free_cursor, cursor);
+	return r;
+}
+
+/*
+ * Grow to @size with an L1 table of @need entries in new clusters: the
+ * table (old entries, the rest zeros) and its refcounts are written and
+ * flushed, then the header takes the new size, L1 offset and L1 size in
+ * one sector write, then the old table's clusters are freed. A crash
+ * before the header write leaves the old image and a leak.
+ */
+static int grow_l1_moved(struct qcow2 *q, u64 size, u32 need, u64 **l1)
+{
+	struct qcow2_header *h = &q->hdr;
+	u32 n = DIV_ROUND_UP(need * sizeof(u64), h->cluster_size), i;
+	u64 old_off = h->l1_table_offset, start;
+	u32 old_n = DIV_ROUND_UP(h->l1_size * sizeof(u64), h->cluster_size);
+	struct qcow2_header saved = *h;
+	LIST_HEAD(frees);
+	__be64 *buf;
+	int r;
+
+	r = alloc_run(q, n, &start);
+	if (r)
+		return r;
+	buf = kvzalloc((size_t)n << h->cluster_bits, GFP_KERNEL);
+	if (!buf) {
+		r = -ENOMEM;
+		goto undo;
+	}
+	for (i = 0; i < h->l1_size; i++)
+		buf[i] = cpu_to_be64((*l1)[i]);
+	r = qcow2_io_write_meta(&q->io, buf, (size_t)n << h->cluster_bits,
+				start);
+	kvfree(buf);
+	if (!r)
+		r = sync_locked(q, &frees);
+	apply_frees(q, &frees);
+	if (r)
+		goto undo;
+	h->size = size;
+	h->l1_table_offset = start;
+	h->l1_size = need;
+	r = write_header(q);
+	if (r) {
+		*h = saved;
+		goto undo;
+	}
+	for (i = 0; old_off && i < old_n; i++)
+		refcount_update_locked(q, old_off + ((u64)i << h->cluster_bits),
+				       -1);
+	return 0;
+undo:
+	for (i = 0; i < n; i++)
+		refcount_update_locked(q, start + ((u64)i << h->cluster_bits),
+				       -1);
+	return r;
+}
+
+/*
+ * Grow the virtual size at resume, the device suspended. Within the L1
+ * table's clusters, new L1 entries are written as zeros first (the rest
+ * of the cluster may hold anything) and flushed; then the header takes
+ * the new size and L1 size in one sector write. A crash in between
+ * leaves the old size. A larger table moves (grow_l1_moved()).
  */
 static int grow_locked(struct qcow2 *q, u64 size)
 {
 	struct qcow2_header *h = &q->hdr;
 	u32 per_block = q->meta_block / sizeof(u64);
 	u32 need = l1_needed(h, size), old = h->l1_size, i;
+	u64 room = round_up((u64)old * sizeof(u64), h->cluster_size);
 	u64 old_size = h->size, *l1;
 	const char *err;
 	int r;
@@ -1409,6 +1515,12 @@ static int grow_locked(struct qcow2 *q, u64 size)
 			round_up(max(need, old), per_block));
 	if (!l1)
 		return -EIO;
+	if (need > room / sizeof(u64)) {
+		r = grow_l1_moved(q, size, need, &l1);
+		if (r)
+			goto out;
+		goto done;
+	}
 	for (i = round_down(old, per_block); !r && i < need; i += per_block)
 		r = write_table_block(q, l1, i, l1[i], h->l1_table_offset);
 	if (!r)
@@ -1423,6 +1535,7 @@ static int grow_locked(struct qcow2 *q, u64 size)
 		h->l1_size = old;
 		goto out;
 	}
+done:
 	swap(q->l1, l1);
 	q->l1_entries = need;
 	q->l1_loaded = h->l1_size;

@@ -186,6 +186,7 @@ struct qcow2 {
 	struct mutex sync_lock;		/* one writeback at a time */
 	struct rw_semaphore meta_sem;
 	u64 free_cursor;		/* first cluster that may be free */
+	u64 end_cluster;		/* past the last cluster seen in use */
 	atomic64_t allocated;		/* clusters with a non-zero refcount */
 	bool dirty_bit_set;		/* lazy refcounts: we set the dirty bit */
 

@@ -741,8 +741,52 @@ test_grow() {
 		return 1
 	must qemu-img create -q -f qcow2 -o cluster_size=512 small.qcow2 1M ||
 		return 1
-	DM_LEN=$((8 << 11)) expect_refused gr "$PWD/small.qcow2" \
-		"Growing this much needs a larger L1 table (not supported)" ||
-		return 1
+	DM_LEN=$((256 << 21)) expect_refused gr "$PWD/small.qcow2" \
+		"Growing this much needs an L1 table over 32 MiB" || return 1
 	cd .. && rm -rf gr
 }
+
+# grow_move_case OPTS SIZE NEW [loop]: grow past what the L1 table's
+# clusters can map: a new, larger L1 table replaces it. Data written
+# before and after stays; the old table's clusters are freed (no leak).
+grow_move_case() {
+	local img dev l1a l1b new loop=${4:-}
+	new=$(numfmt --from=iec "$3")
+	newdir gm || return 1
+	img=$PWD/g.qcow2
+	must qemu-img create -q -f qcow2 -o "$1" "$img" "$2" || return 1
+	qio -f qcow2 -c "write -P 0x51 0 64k" -c "write -P 0x52 $(($(numfmt --from=iec "$2") - 4096)) 4k" \
+		"$img" || return 1
+	l1a=$(od -An -tx1 -j40 -N8 "$img" | tr -d ' ')
+	dev=$img
+	if [ -n "$loop" ]; then
+		grow_for_loop "$img" || return 1
+		dev=$(losetup -f --show "$img") || fail "losetup" || return 1
+	fi
+	dm_create gm "$dev" || return 1
+	must dmsetup suspend gm &&
+		must dmsetup load gm --table "0 $((new / 512)) qcow2 $dev" &&
+		must dmsetup resume gm || { dm_remove gm; return 1; }
+	qio -n -f raw -c "write -P 0x53 $((new - 8192)) 8k" \
+		-c "write -P 0x54 $((new / 2 + 512)) 1k" -c "write -P 0x55 4k 4k" \
+		/dev/mapper/gm || { dm_remove gm; return 1; }
+	dm_remove gm || return 1
+	[ -z "$loop" ] || losetup -d "$dev"
+	l1b=$(od -An -tx1 -j40 -N8 "$img" | tr -d ' ')
+	log "L1 table moved from 0x$l1a to 0x$l1b"
+	[ "$l1a" != "$l1b" ] || fail "the L1 table did not move" || return 1
+	[ "$(img_sectors "$img")" = $((new / 512)) ] ||
+		fail "qemu sees $(img_sectors "$img") sectors" || return 1
+	img_check "$img" || return 1
+	qio -r -f qcow2 -c "read -P 0x51 0 4k" -c "read -P 0x55 4k 4k" \
+		-c "read -P 0x51 8k 56k" \
+		-c "read -P 0x52 $(($(numfmt --from=iec "$2") - 4096)) 4k" \
+		-c "read -P 0x53 $((new - 8192)) 8k" \
+		-c "read -P 0x54 $((new / 2 + 512)) 1k" \
+		-c "read -P 0 $((new / 4)) 64k" "$img" || return 1
+	cd .. && rm -rf gm
+}
+
+test_grow_move_l1_c512()	{ dm_only || return 0; grow_move_case cluster_size=512 1M 8M; }
+test_grow_move_l1_c512_loop()	{ dm_only || return 0; grow_move_case cluster_size=512 1M 8M loop; }
+test_grow_move_l1_16t()		{ dm_only || return 0; grow_move_case cluster_size=64k 64M 16T; }
