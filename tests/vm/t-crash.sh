@@ -335,6 +335,71 @@ test_l2_alloc() {
 	cd .. && rm -rf cr-l2
 }
 
+# Subclusters: an extended-L2 image (64 KiB clusters, 2 KiB subclusters)
+# partly written by qemu (allocated, zero and unallocated subclusters),
+# then 24 steps of sub-cluster writes, two per cluster per step, into
+# clusters qemu left partly allocated and into new ones: the partial
+# allocations and bitmap changes must be crash-safe.
+test_subclusters() {
+	local img k w=()
+	newdir cr-sc || return 1
+	img=$PWD/s.qcow2
+	must qemu-img create -q -f qcow2 -o extended_l2=on "$img" 64M ||
+		return 1
+	# Even clusters: the first half allocated, a zero run after it
+	for k in $(seq 0 2 60); do
+		w+=(-c "write -P 0x11 $((k * 65536)) 32k"
+		    -c "write -z $((k * 65536 + 32768)) 8k")
+	done
+	qio -f qcow2 "${w[@]}" "$img" || return 1
+	cp --sparse=always "$img" base.qcow2
+	: >expect
+	lw_up "$img" || return 1
+	for k in $(seq 1 24); do
+		# Cluster k + 1: either qemu's (even) or a new one (odd)
+		w=("$(((k + 1) * 65536 + 30720 + k % 3 * 512)) $((k % 4 * 1024 + 2560))"
+		   "$(((k + 1) * 65536 + 49152 + k * 512)) 1536"
+		   "$(((k + 40) * 65536 + k * 1024)) 4096")
+		io_step "$k" $((k % 250 + 1)) "${w[@]}" || return 1
+	done
+	lw_down || return 1
+	crash_points "$PWD/base.qcow2" "$(crash_max 12 100)" check_point ||
+		return 1
+	img_check "$img" || return 1
+	cd .. && rm -rf cr-sc
+}
+
+# Growing past the L1 table's clusters moves the L1 table (at resume):
+# 512-byte clusters, 1 MiB grown to 8 MiB between steps 6 and 7; steps
+# write below and above the old end.
+test_l1_move() {
+	local img k w=()
+	newdir cr-l1 || return 1
+	img=$PWD/m.qcow2
+	must qemu-img create -q -f qcow2 -o cluster_size=512 "$img" 1M ||
+		return 1
+	cp --sparse=always "$img" base.qcow2
+	: >expect
+	lw_up "$img" || return 1
+	for k in $(seq 1 6); do
+		io_step "$k" $((k % 250 + 1)) "$((k * 130560)) 1536" || return 1
+	done
+	must dmsetup suspend q &&
+		must dmsetup load q --table "0 $((8 << 11)) qcow2 /dev/mapper/lw" &&
+		must dmsetup resume q || return 1
+	for k in $(seq 7 18); do
+		w=("$((k * 430080 + 512)) 2048" "$((k * 4096)) 512")
+		io_step "$k" $((k % 250 + 1)) "${w[@]}" || return 1
+	done
+	lw_down || return 1
+	[ "$(img_sectors "$img")" = $((8 << 11)) ] ||
+		fail "test premise: the image did not grow" || return 1
+	crash_points "$PWD/base.qcow2" "$(crash_max 12 100)" check_point ||
+		return 1
+	img_check "$img" || return 1
+	cd .. && rm -rf cr-l1
+}
+
 # Lazy refcounts: the same kind of workload on a lazy_refcounts=on image.
 # Past the first mark (an acknowledged write) the dirty bit is set; a
 # dirty image is refused for writing with a message naming "qemu-img
