@@ -7,7 +7,8 @@ KVER ?= $(shell uname -r)
 KDIR ?= $(firstword $(wildcard /lib/modules/$(KVER)/build) \
 	$(shell ls -d /usr/src/linux-headers-*-amd64 2>/dev/null | sort -V | tail -n 1))
 
-.PHONY: all modules install clean check unit test style sparse w1 bench bench-quick
+.PHONY: all modules install clean check unit test style sparse w1 bench bench-quick \
+	debug-test
 
 all: modules
 
@@ -45,6 +46,11 @@ unit:
 # Everything: unit tests, style, VM tests
 check test:
 	scripts/run-tests
+
+# The VM suite under a KASAN/lockdep/kmemleak kernel (hours under TCG;
+# not in CI; README "Debug kernel")
+debug-test:
+	scripts/debug-kernel run
 
 # Benchmark against loop and qemu-nbd in one guest (not part of the tests)
 bench:

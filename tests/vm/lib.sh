@@ -6,7 +6,7 @@
 # the kernel log written during the case shows no splat.
 
 QCOW2_TOP=${QCOW2_TOP:-$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)}
-QCOW2_KO=$QCOW2_TOP/drivers/md/dm-qcow2.ko
+QCOW2_KO=${QCOW2_KO:-$QCOW2_TOP/drivers/md/dm-qcow2.ko}
 SCRATCH=${SCRATCH:-/tmp/scratch}
 
 # Say why a case failed, and fail it.
