@@ -2,8 +2,10 @@
 /*
  * dm-qcow2: mapping bios from guest offsets to the image.
  *
- * A bio never crosses a cluster boundary (the target's max_io_len is the
- * cluster size), so each bio needs exactly one L1 and one L2 entry. The L1
+ * ->map() serves a bio that spans clusters at once while they are
+ * contiguous in the image (map_extend()) and cuts it at the first cluster
+ * boundary otherwise (dm sends the rest as a new bio), so every other path
+ * sees one cluster: one L1 and one L2 entry. The L1
  * table is held in memory; L2 entries come from the slice cache. When the
  * slice is cached, ->map() resolves reads, and writes to clusters we own
  * (COPIED in both L1 and L2), on the spot: a block device bio is
@@ -1129,6 +1131,49 @@ static int defer(struct qcow2 *q, struct bio *bio)
 	return DM_MAPIO_SUBMITTED;
 }
 
+/* Keep only the part of @bio in its first cluster; dm sends the rest. */
+static void cut_to_cluster(struct qcow2 *q, struct bio *bio)
+{
+	u64 voff = bio_voff(bio);
+	u64 next = round_down(voff, q->hdr.cluster_size) + q->hdr.cluster_size;
+
+	if (voff + bio->bi_iter.bi_size > next)
+		dm_accept_partial_bio(bio, (next - voff) >> SECTOR_SHIFT);
+}
+
+/*
+ * A bio may span clusters. ->map() serves it whole while its clusters
+ * continue the first one's host run (data clusters next to each other in
+ * the image, each writable in place for a write, slices cached), and
+ * cuts it where the run ends; everything else is served one cluster at a
+ * time (workers and the paths above assume it).
+ */
+static void map_extend(struct qcow2 *q, struct bio *bio,
+		       struct qcow2_lookup *lk, bool write)
+{
+	u64 cs = q->hdr.cluster_size, voff = bio_voff(bio);
+	u64 end = voff + bio->bi_iter.bi_size;
+	u64 next = round_down(voff, cs) + cs, host = lk->m.host_offset + cs;
+	struct qcow2_lookup n;
+
+	if (next >= end)
+		return;
+	if (lk->m.type != QCOW2_CLUSTER_NORMAL || q->hdr.extended_l2 ||
+	    (write && !writable_in_place(q, lk, bio))) {
+		cut_to_cluster(q, bio);
+		return;
+	}
+	for (; next < end; next += cs, host += cs) {
+		if (map_lookup(q, next, false, &n) ||
+		    n.m.type != QCOW2_CLUSTER_NORMAL ||
+		    n.m.host_offset != host ||
+		    (write && !writable_in_place(q, &n, bio)))
+			break;
+	}
+	if (next < end)
+		dm_accept_partial_bio(bio, (next - voff) >> SECTOR_SHIFT);
+}
+
 int qcow2_map_bio(struct qcow2 *q, struct bio *bio)
 {
 	struct qcow2_bio *pb = dm_per_bio_data(bio, sizeof(*pb));
@@ -1146,12 +1191,18 @@ int qcow2_map_bio(struct qcow2 *q, struct bio *bio)
 		return defer(q, bio);
 	if (bio_op(bio) != REQ_OP_READ && bio_op(bio) != REQ_OP_WRITE)
 		return DM_MAPIO_KILL;
-	if (write && bio->bi_opf & REQ_FUA)
+	if (write && bio->bi_opf & REQ_FUA) {
+		cut_to_cluster(q, bio);
 		return defer(q, bio);
+	}
 
 	r = map_lookup(q, bio_voff(bio), false, &lk);
-	if (!r)
+	if (r) {
+		cut_to_cluster(q, bio);
+	} else {
+		map_extend(q, bio, &lk, write);
 		sc_narrow(q, bio, &lk, true);
+	}
 	if (r == -EAGAIN || (!r && write && !writable_in_place(q, &lk, bio)) ||
 	    (!r && lk.m.type == QCOW2_CLUSTER_COMPRESSED) ||
 	    (!r && lk.m.type == QCOW2_CLUSTER_UNALLOCATED && q->backing))

@@ -243,11 +243,10 @@ static int qcow2_ctr(struct dm_target *ti, unsigned int argc, char **argv)
 	if (r)
 		goto bad_image;
 
-	r = dm_set_target_max_io_len(ti, q->hdr.cluster_size >> SECTOR_SHIFT);
-	if (r) {
-		ti->error = "Cannot set the maximum I/O size";
-		goto bad_image;
-	}
+	/*
+	 * No max_io_len: ->map() takes bios over several clusters when they
+	 * are contiguous in the image and cuts the rest (map_extend()).
+	 */
 	/*
 	 * Flushes carry our metadata writeback, so they must reach map()
 	 * even when the backend (a file, or a disk without a volatile
