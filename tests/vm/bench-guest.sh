@@ -236,7 +236,13 @@ win_sample() {
 # through or the device goes idle. Writes "centisecs usr sys sectors".
 cpu_window() {
 	local st a b last cur t0 t00 s1 n
-	st=/sys/class/block/$(basename "$(readlink -f "$1")")/stat
+	# No udev: /dev/mapper/NAME is a node of its own, not a link to dm-N
+	case $1 in
+	/dev/mapper/*)
+		st=/sys/class/block/$(dmsetup info -c --noheadings -o blkdevname \
+			"${1#/dev/mapper/}")/stat ;;
+	*)	st=/sys/class/block/$(basename "$(readlink -f "$1")")/stat ;;
+	esac
 	read -r t00 _ _ s1 < <(win_sample "$st")
 	for _ in $(seq 600); do
 		sleep 0.1
