@@ -500,12 +500,8 @@ read_fault() {
 		fail "health $(dm_status_field rf 8) after read errors" || return 1
 	[ "$(dm_mode rf)" = rw ] || fail "mode $(dm_mode rf) after read errors" ||
 		return 1
-	# Below a file, the file system has shut down after the failed
-	# writes and fails reads too: A is checked after its recovery
-	if [ "$kind" = bdev ]; then
-		cmp -n $((8 << 20)) a.raw "$WDEV" ||
-			fail "A reads back wrong" || return 1
-	fi
+	cmp -n $((8 << 20)) a.raw "$WDEV" || fail "A reads back wrong" ||
+		return 1
 	must dd if=/dev/urandom of="$WDEV" bs=64k count=4 seek=300 \
 		oflag=direct,dsync conv=notrunc status=none || return 1
 	wdev_remove rf || return 1
@@ -562,12 +558,8 @@ drop_fault() {
 	same_head a.raw "$img" || return 1
 	# Activate again (writable): A, and a clean removal
 	wdev_create df "$img" || return 1
-	# Below a file, the file system has shut down after the failed
-	# writes and fails reads too: A is checked after its recovery
-	if [ "$kind" = bdev ]; then
-		cmp -n $((8 << 20)) a.raw "$WDEV" ||
-			fail "A reads back wrong" || return 1
-	fi
+	cmp -n $((8 << 20)) a.raw "$WDEV" || fail "A reads back wrong" ||
+		return 1
 	wdev_remove df || return 1
 	no_corruption "$img" || return 1
 	cd .. && rm -rf df
@@ -611,12 +603,8 @@ test_enospc_fs() {
 	must dd if=a.raw of="$WDEV" bs=64k count=8 skip=4 seek=4 oflag=direct \
 		conv=notrunc status=none || return 1
 	must fsync_path "$WDEV" || return 1
-	# Below a file, the file system has shut down after the failed
-	# writes and fails reads too: A is checked after its recovery
-	if [ "$kind" = bdev ]; then
-		cmp -n $((8 << 20)) a.raw "$WDEV" ||
-			fail "A reads back wrong" || return 1
-	fi
+	cmp -n $((8 << 20)) a.raw "$WDEV" || fail "A reads back wrong" ||
+		return 1
 	cmp -n "$done_bytes" b.raw <(dd if="$WDEV" bs=64k skip=$((16 << 4)) \
 		iflag=direct status=none) || fail "data before ENOSPC differs" ||
 		return 1
