@@ -312,9 +312,9 @@ static int read_buffered(struct qcow2 *q, struct bio *bio,
 	return r;
 }
 
-/* May this write go straight to the cluster it maps to? */
-static bool writable_in_place(struct qcow2 *q, struct qcow2_lookup *lk,
-			      struct bio *bio)
+/* May a write of [@voff, @voff + @len) go straight to where it maps? */
+static bool writable_in_place(struct qcow2 *q, const struct qcow2_lookup *lk,
+			      u64 voff, u32 len)
 {
 	u32 mask;
 
@@ -323,7 +323,7 @@ static bool writable_in_place(struct qcow2 *q, struct qcow2_lookup *lk,
 		return false;
 	if (!q->hdr.extended_l2)
 		return true;
-	mask = sc_mask(&q->hdr, bio_voff(bio), bio->bi_iter.bi_size);
+	mask = sc_mask(&q->hdr, voff, len);
 	return (lk->m.sc_alloc & mask) == mask;
 }
 
@@ -837,7 +837,8 @@ static void write_work(struct qcow2 *q, struct bio *bio)
 
 	inflight_begin(q, pb, bio_voff(bio) >> q->hdr.cluster_bits);
 	r = map_lookup(q, bio_voff(bio), true, &lk);
-	if (r || writable_in_place(q, &lk, bio)) {
+	if (r ||
+	    writable_in_place(q, &lk, bio_voff(bio), bio->bi_iter.bi_size)) {
 		inflight_end(q, pb);
 		/* FUA: what maps this cluster must be durable too */
 		if (!r && bio->bi_opf & REQ_FUA)
@@ -914,6 +915,21 @@ static int discard_cluster(struct qcow2 *q, u64 voff)
 	return r;
 }
 
+/*
+ * The end of a request that changed mappings (@r: its result, @voff:
+ * where it stopped): with FUA the changes are made durable first.
+ */
+static void mapping_done(struct qcow2 *q, struct bio *bio, int r,
+			 const char *what, u64 voff)
+{
+	if (!r && bio->bi_opf & REQ_FUA)
+		r = qcow2_sync(q);
+	if (r && r != -EUCLEAN)
+		DMERR_LIMIT("%s: %s at guest offset %llu failed: %d",
+			    dm_table_device_name(q->ti->table), what, voff, r);
+	map_complete(bio, r);
+}
+
 /* Whole clusters only; the partial ones at either end are left alone. */
 static void discard_work(struct qcow2 *q, struct bio *bio)
 {
@@ -928,12 +944,7 @@ static void discard_work(struct qcow2 *q, struct bio *bio)
 		r = discard_cluster(q, start);
 		inflight_end(q, pb);
 	}
-	if (!r && bio->bi_opf & REQ_FUA)
-		r = qcow2_sync(q);
-	if (r && r != -EUCLEAN)
-		DMERR_LIMIT("%s: discard at guest offset %llu failed: %d",
-			    dm_table_device_name(q->ti->table), start, r);
-	map_complete(bio, r);
+	mapping_done(q, bio, r, "discard", start);
 }
 
 /* ---- Write zeroes ---- */
@@ -1019,19 +1030,21 @@ static struct bio *zero_bio(u64 voff, u32 len)
 /* Zeros written in place, by the layer below when it can. */
 static int zero_in_place(struct qcow2 *q, u64 host, u32 len)
 {
-	struct bio *bio;
-	struct bio_vec *bv;
+	static const struct qcow2_fill zeros;
+	unsigned int max = DIV_ROUND_UP(len, PAGE_SIZE), nr = 0;
+	struct bio_vec *vec;
+	void *unused;
 	int r;
 
 	if (!qcow2_io_zero_range(&q->io, host, len))
 		return 0;
-	bio = zero_bio(0, len);
-	if (!bio)
+	vec = kmalloc_array(max, sizeof(*vec), GFP_NOIO);
+	if (!vec)
 		return -ENOMEM;
-	bv = bio->bi_io_vec;
-	r = qcow2_io_write_data(&q->io, bv, bio->bi_vcnt, len, host);
-	bio_uninit(bio);
-	kfree(bio);
+	r = fill_segments(q, vec, max, &zeros, 0, len, &unused, &nr);
+	if (!r)
+		r = qcow2_io_write_data(&q->io, vec, nr, len, host);
+	kfree(vec);
 	return r;
 }
 
@@ -1049,14 +1062,13 @@ static int zero_partial(struct qcow2 *q, u64 voff, u32 len)
 	r = map_lookup(q, voff, true, &lk);
 	if (r || reads_zero(q, &lk, voff, len))
 		return r;
+	if (writable_in_place(q, &lk, voff, len))
+		return zero_in_place(q, lk.m.host_offset +
+				     qcow2_cluster_offset(&q->hdr, voff), len);
 	bio = zero_bio(voff, len);
 	if (!bio)
 		return -ENOMEM;
-	if (writable_in_place(q, &lk, bio))
-		r = zero_in_place(q, lk.m.host_offset +
-				  qcow2_cluster_offset(&q->hdr, voff), len);
-	else
-		r = write_allocating(q, bio, &lk);
+	r = write_allocating(q, bio, &lk);
 	bio_uninit(bio);
 	kfree(bio);
 	return r;
@@ -1081,12 +1093,7 @@ static void zeroes_work(struct qcow2 *q, struct bio *bio)
 			r = zero_partial(q, voff, n);
 		inflight_end(q, pb);
 	}
-	if (!r && bio->bi_opf & REQ_FUA)
-		r = qcow2_sync(q);
-	if (r && r != -EUCLEAN)
-		DMERR_LIMIT("%s: write zeroes at guest offset %llu failed: %d",
-			    dm_table_device_name(q->ti->table), voff, r);
-	map_complete(bio, r);
+	mapping_done(q, bio, r, "write zeroes", voff);
 }
 
 static void map_work(struct work_struct *work)
@@ -1159,7 +1166,7 @@ static void map_extend(struct qcow2 *q, struct bio *bio,
 	if (next >= end)
 		return;
 	if (lk->m.type != QCOW2_CLUSTER_NORMAL || q->hdr.extended_l2 ||
-	    (write && !writable_in_place(q, lk, bio))) {
+	    (write && !writable_in_place(q, lk, voff, cs))) {
 		cut_to_cluster(q, bio);
 		return;
 	}
@@ -1167,7 +1174,7 @@ static void map_extend(struct qcow2 *q, struct bio *bio,
 		if (map_lookup(q, next, false, &n) ||
 		    n.m.type != QCOW2_CLUSTER_NORMAL ||
 		    n.m.host_offset != host ||
-		    (write && !writable_in_place(q, &n, bio)))
+		    (write && !writable_in_place(q, &n, next, cs)))
 			break;
 	}
 	if (next < end)
@@ -1203,7 +1210,9 @@ int qcow2_map_bio(struct qcow2 *q, struct bio *bio)
 		map_extend(q, bio, &lk, write);
 		sc_narrow(q, bio, &lk, true);
 	}
-	if (r == -EAGAIN || (!r && write && !writable_in_place(q, &lk, bio)) ||
+	if (r == -EAGAIN ||
+	    (!r && write && !writable_in_place(q, &lk, bio_voff(bio),
+					       bio->bi_iter.bi_size)) ||
 	    (!r && lk.m.type == QCOW2_CLUSTER_COMPRESSED) ||
 	    (!r && lk.m.type == QCOW2_CLUSTER_UNALLOCATED && q->backing))
 		return defer(q, bio);
