@@ -535,6 +535,24 @@ sc_case() {
 	cd .. && rm -rf sc
 }
 
+# sc_write_like_qemu NAME IMG [RAW]: sc_writes through the device over
+# IMG (which first reads as RAW, if given) and through qemu-io on a copy;
+# IMG checks clean and reads as the copy.
+sc_write_like_qemu() {
+	local name=$1 img=$2 raw=${3:-} w=()
+	mapfile -t w < <(sc_writes)
+	must cp "$img" ref.qcow2 || return 1
+	wdev_create "$name" "$img" || return 1
+	if [ -n "$raw" ]; then
+		must qemu-img compare -f raw -F raw "$raw" "$WDEV" || return 1
+	fi
+	qio -n -f raw "${w[@]}" "$WDEV" || return 1
+	wdev_remove "$name" || return 1
+	qio -f qcow2 "${w[@]}" ref.qcow2 || return 1
+	img_check "$img" || return 1
+	must qemu-img compare ref.qcow2 "$img"
+}
+
 test_sc_c64k()		{ sc_case cluster_size=64k; }
 test_sc_c16k_loop()	{ dm_only || return 0; sc_case cluster_size=16k loop; }
 test_sc_c32k_backing()	{ dm_only || return 0; sc_case cluster_size=32k backing; }
@@ -543,20 +561,13 @@ test_sc_c2m_backing()	{ dm_only || return 0; sc_case cluster_size=2M backing; }
 # Subclusters of clusters shared with an internal snapshot: writes copy
 # the cluster; the snapshot reads as before.
 test_sc_snapshot() {
-	local img w=()
+	local img
 	newdir scs || return 1
 	img=$PWD/s.qcow2
 	sc_image "$img" cluster_size=64k 8M || return 1
 	must qemu-img convert -O raw "$img" pre.raw || return 1
 	must qemu-img snapshot -c s1 "$img" || return 1
-	mapfile -t w < <(sc_writes)
-	must cp "$img" ref.qcow2 || return 1
-	wdev_create scs "$img" || return 1
-	qio -n -f raw "${w[@]}" "$WDEV" || return 1
-	wdev_remove scs || return 1
-	qio -f qcow2 "${w[@]}" ref.qcow2 || return 1
-	img_check "$img" || return 1
-	must qemu-img compare ref.qcow2 "$img" || return 1
+	sc_write_like_qemu scs "$img" || return 1
 	must qemu-img snapshot -a s1 "$img" || return 1
 	must qemu-img compare -f raw -F qcow2 pre.raw "$img" || return 1
 	cd .. && rm -rf scs
@@ -564,19 +575,11 @@ test_sc_snapshot() {
 
 # A compressed extended-L2 image: reads, and writes that move clusters.
 test_sc_compressed() {
-	local img w=()
+	local img
 	newdir scz || return 1
 	img=$PWD/z.qcow2
 	zip_image "$img" extended_l2=on,cluster_size=64k 8M || return 1
-	mapfile -t w < <(sc_writes)
-	must cp "$img" ref.qcow2 || return 1
-	wdev_create scz "$img" || return 1
-	must qemu-img compare -f raw -F raw "$img.raw" "$WDEV" || return 1
-	qio -n -f raw "${w[@]}" "$WDEV" || return 1
-	wdev_remove scz || return 1
-	qio -f qcow2 "${w[@]}" ref.qcow2 || return 1
-	img_check "$img" || return 1
-	must qemu-img compare ref.qcow2 "$img" || return 1
+	sc_write_like_qemu scz "$img" "$img.raw" || return 1
 	cd .. && rm -rf scz
 }
 
