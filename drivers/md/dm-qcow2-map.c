@@ -1153,7 +1153,8 @@ static void cut_to_cluster(struct qcow2 *q, struct bio *bio)
  * continue the first one's host run (data clusters next to each other in
  * the image, each writable in place for a write, slices cached), and
  * cuts it where the run ends; everything else is served one cluster at a
- * time (workers and the paths above assume it).
+ * time (workers and the paths above assume it). A bad entry met ahead is
+ * reported here, as the rest of the bio would report it next.
  */
 static void map_extend(struct qcow2 *q, struct bio *bio,
 		       struct qcow2_lookup *lk, bool write)

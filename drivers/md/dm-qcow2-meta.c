@@ -1441,7 +1441,8 @@ static int alloc_run(struct qcow2 *q, u32 n, u64 *start)
  * table (old entries, the rest zeros) and its refcounts are written and
  * flushed, then the header takes the new size, L1 offset and L1 size in
  * one sector write, then the old table's clusters are freed. A crash
- * before the header write leaves the old image and a leak.
+ * before the header write leaves the old image and a leak. Called with
+ * alloc_lock, the device suspended: no bio reads q->l1 meanwhile.
  */
 static int grow_l1_moved(struct qcow2 *q, u64 size, u32 need, u64 **l1)
 {
