@@ -68,6 +68,8 @@ static int io_open_file(struct dm_target *ti, struct qcow2_io *io,
 	}
 	io->file = file;
 	io->size = i_size_read(inode);
+	io->written = io->size;
+	mutex_init(&io->grow_lock);
 	io->lbs = inode->i_sb->s_bdev ?
 		  bdev_logical_block_size(inode->i_sb->s_bdev) : SECTOR_SIZE;
 	/*
@@ -178,11 +180,12 @@ static int io_bdev_rw(struct qcow2_io *io, blk_opf_t opf,
 /*
  * Synchronous I/O of a segment array to the file. Data (@direct) uses
  * direct I/O when the file allows it, metadata the page cache, so that
- * any alignment works.
+ * any alignment works. Returns the bytes done (short past the end of the
+ * file) or an error.
  */
-static int io_file_rw(struct qcow2_io *io, bool write, bool direct,
-		      const struct bio_vec *bv, unsigned int nr, size_t len,
-		      u64 off)
+static ssize_t io_file_rw_bytes(struct qcow2_io *io, bool write, bool direct,
+				const struct bio_vec *bv, unsigned int nr,
+				size_t len, u64 off)
 {
 	struct file *file = io->file;
 	struct iov_iter iter;
@@ -200,6 +203,15 @@ static int io_file_rw(struct qcow2_io *io, bool write, bool direct,
 	} else {
 		r = file->f_op->read_iter(&kiocb, &iter);
 	}
+	return r;
+}
+
+static int io_file_rw(struct qcow2_io *io, bool write, bool direct,
+		      const struct bio_vec *bv, unsigned int nr, size_t len,
+		      u64 off)
+{
+	ssize_t r = io_file_rw_bytes(io, write, direct, bv, nr, len, off);
+
 	if (r < 0)
 		return r;
 	return r == len ? 0 : -EIO;	/* short: past EOF, or no space */
@@ -270,17 +282,28 @@ int qcow2_io_read_meta(struct qcow2_io *io, void *buf, size_t len, u64 off)
 	return io_rw_buf(io, false, buf, len, off);
 }
 
-/* A file grows as clusters past its end are written; writers race. */
-static void io_extend(struct qcow2_io *io, u64 end)
+/* Move @*val up to @end; writers race. */
+static void io_raise(u64 *val, u64 end)
 {
-	u64 old = READ_ONCE(io->size), prev;
+	u64 old = READ_ONCE(*val), prev;
 
 	while (end > old) {
-		prev = cmpxchg64(&io->size, old, end);
+		prev = cmpxchg64(val, old, end);
 		if (prev == old)
 			break;
 		old = prev;
 	}
+}
+
+/*
+ * A file grows as clusters past its end are written. Every write moves
+ * io->written, a failed one too (part of it may have landed): past that
+ * mark the file is known to hold nothing (qcow2_io_zero_range()).
+ */
+static void io_extend(struct qcow2_io *io, u64 end)
+{
+	io_raise(&io->written, end);
+	io_raise(&io->size, end);
 }
 
 /* Metadata writes: the caller orders them with qcow2_io_flush(). */
@@ -311,9 +334,38 @@ int qcow2_io_write_data(struct qcow2_io *io, const struct bio_vec *bv,
 	else
 		r = io_file_rw(io, true, true, bv, nr, len, off);
 	memalloc_noio_restore(noio);
-	if (!r && io->file)
+	if (io->file)
 		io_extend(io, off + len);
 	return r;
+}
+
+/*
+ * Guest data into a buffer (a copy-on-write source, a backing layer). A
+ * file may end inside its last data cluster: a tail never written past
+ * the end (QEMU and dm-qcow2 both leave one) reads as zeros, as it would
+ * through the loop driver.
+ */
+int qcow2_io_read_data(struct qcow2_io *io, void *buf, size_t len, u64 off)
+{
+	struct bio_vec *bv;
+	unsigned int nr, noio;
+	ssize_t r;
+
+	if (io->dev)
+		return qcow2_io_read_meta(io, buf, len, off);
+	nr = DIV_ROUND_UP(offset_in_page(buf) + len, PAGE_SIZE);
+	bv = kmalloc_array(nr, sizeof(*bv), GFP_NOIO);
+	if (!bv)
+		return -ENOMEM;
+	nr = qcow2_buf_to_bvec(bv, nr, buf, len);
+	noio = memalloc_noio_save();
+	r = io_file_rw_bytes(io, false, false, bv, nr, len, off);
+	memalloc_noio_restore(noio);
+	kfree(bv);
+	if (r < 0)
+		return r;
+	memset(buf + r, 0, len - r);
+	return 0;
 }
 
 /* Make every completed write durable. */
@@ -347,12 +399,20 @@ void qcow2_io_discard(struct qcow2_io *io, u64 off, u64 len)
  * unwritten extent in a file (which grows as needed), a write-zeroes
  * command to a device that has one. Fails (-EOPNOTSUPP, or whatever went
  * wrong) when the caller must write the zeros itself.
+ *
+ * A range of a file where nothing was ever written (past io->written:
+ * past its end, or in the hole qcow2_io_reserve() made) reads as zeros
+ * already: nothing is done. This keeps allocating writes to a file fast:
+ * a zero-range fallocate is a journal transaction that first waits for
+ * every direct I/O in flight on the file.
  */
 int qcow2_io_zero_range(struct qcow2_io *io, u64 off, u64 len)
 {
 	unsigned int noio;
 	int r;
 
+	if (io->file && off >= READ_ONCE(io->written))
+		return 0;
 	if (io->dev && (off > io->size || len > io->size - off))
 		return -ENOSPC;
 	if (io->dev && !bdev_write_zeroes_sectors(io->dev->bdev))
@@ -370,6 +430,71 @@ int qcow2_io_zero_range(struct qcow2_io *io, u64 off, u64 len)
 	if (!r && io->file)
 		io_extend(io, off + len);
 	return r;
+}
+
+/*
+ * Make a file end past @end, the end of a cluster just allocated, before
+ * data is written there. A direct write that extends a file is serialised
+ * by the file system (ext4 holds the inode lock until it completes and
+ * updates the size in two journal transactions); a write into a hole
+ * inside the file is not. So the file grows sparsely ahead of the
+ * allocations, by an eighth of its size (1 MiB to 1 GiB) at a time, and
+ * qcow2_io_trim() gives back what is left at deactivation. Best effort:
+ * when the file cannot grow this way, the data writes extend it.
+ */
+void qcow2_io_reserve(struct qcow2_io *io, u64 end)
+{
+	unsigned int noio;
+	u64 want;
+
+	if (!io->file || end <= READ_ONCE(io->size))
+		return;
+	mutex_lock(&io->grow_lock);
+	if (end > io->size) {
+		want = round_up(end + clamp_t(u64, io->size >> 3, SZ_1M, SZ_1G),
+				SZ_1M);
+		noio = memalloc_noio_save();
+		if (!vfs_truncate(&io->file->f_path, want)) {
+			io_raise(&io->size, want);
+			io->grown = true;
+		}
+		memalloc_noio_restore(noio);
+	}
+	mutex_unlock(&io->grow_lock);
+}
+
+/*
+ * At deactivation (nothing in flight): cut the hole qcow2_io_reserve()
+ * left past the last byte written. Everything the image refers to was
+ * written (a data cluster may end past that point, as without the
+ * reserve), and the file never shrinks below its size at open.
+ */
+void qcow2_io_trim(struct qcow2_io *io)
+{
+	u64 end = READ_ONCE(io->written);
+	unsigned int noio;
+
+	mutex_lock(&io->grow_lock);
+	if (io->grown && end < io->size) {
+		noio = memalloc_noio_save();
+		if (!vfs_truncate(&io->file->f_path, end))
+			WRITE_ONCE(io->size, end);
+		memalloc_noio_restore(noio);
+	}
+	io->grown = false;
+	mutex_unlock(&io->grow_lock);
+}
+
+/* Before a resume: another table may have changed the file meanwhile. */
+void qcow2_io_resync(struct qcow2_io *io)
+{
+	if (!io->file)
+		return;
+	mutex_lock(&io->grow_lock);
+	WRITE_ONCE(io->size, i_size_read(file_inode(io->file)));
+	WRITE_ONCE(io->written, io->size);
+	io->grown = false;
+	mutex_unlock(&io->grow_lock);
 }
 
 /* ---- Data ---- */
@@ -456,6 +581,8 @@ void qcow2_io_file_submit(struct qcow2_io *io, struct bio *bio, u64 pos)
 	if (bio->bi_opf & REQ_FUA)
 		pb->iocb.ki_flags |= IOCB_DSYNC;
 	pb->iocb.ki_ioprio = bio_prio(bio);
+	if (write)
+		io_extend(io, pos + bio->bi_iter.bi_size);
 
 	noio = memalloc_noio_save();
 	if (write)

@@ -203,7 +203,7 @@ static int sc_view(struct qcow2 *q, const struct qcow2_l2_map *m, u64 voff,
 		n = sc_run(h, m, voff, len);
 		switch (sc_type(m, sc_index(h, voff))) {
 		case QCOW2_CLUSTER_NORMAL:
-			r = qcow2_io_read_meta(&q->io, buf, n, m->host_offset +
+			r = qcow2_io_read_data(&q->io, buf, n, m->host_offset +
 					       qcow2_cluster_offset(h, voff));
 			break;
 		case QCOW2_CLUSTER_UNALLOCATED:
@@ -243,7 +243,7 @@ static int chain_read_cluster(struct qcow2 *b, u64 voff, u8 *buf, u32 len)
 		memset(buf, 0, len);
 		return 0;
 	case QCOW2_CLUSTER_NORMAL:
-		return qcow2_io_read_meta(&b->io, buf, len, lk.m.host_offset +
+		return qcow2_io_read_data(&b->io, buf, len, lk.m.host_offset +
 					  qcow2_cluster_offset(&b->hdr, voff));
 	case QCOW2_CLUSTER_COMPRESSED:
 		return qcow2_zip_read_buf(b, &lk.m, voff, buf, len);
@@ -500,7 +500,7 @@ static int fill_segments(struct qcow2 *q, struct bio_vec *bv,
 		*buf = kvmalloc(len, GFP_NOIO);
 		if (!*buf)
 			return -ENOMEM;
-		r = qcow2_io_read_meta(&q->io, *buf, len, src);
+		r = qcow2_io_read_data(&q->io, *buf, len, src);
 		if (r)
 			return r;
 		*nr += qcow2_buf_to_bvec(bv + *nr, max - *nr, *buf, len);
@@ -746,16 +746,11 @@ static int sc_target(struct qcow2 *q, struct bio *bio,
 	r = qcow2_alloc_cluster(q, &w->host);
 	if (r)
 		return r;
-	w->allocated = true;
 	/*
-	 * A file must hold the whole new cluster (the tables are checked
-	 * against its size): extend it sparsely, or write all of it.
+	 * The rest of a new cluster is never read: its subclusters stay
+	 * unallocated (and the cluster may end past the end of a file).
 	 */
-	if (q->io.file && w->we - w->ws < h->cluster_size &&
-	    qcow2_io_zero_range(&q->io, w->host, h->cluster_size)) {
-		w->ws = 0;
-		w->we = h->cluster_size;
-	}
+	w->allocated = true;
 	return 0;
 }
 

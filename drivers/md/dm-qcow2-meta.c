@@ -194,10 +194,12 @@ const char *qcow2_data_cluster_check(struct qcow2 *q, u64 off)
 	const char *err;
 
 	/*
-	 * QEMU writes only the subclusters it allocates: with extended L2
-	 * entries the last data cluster may end past the end of the file.
+	 * The last data cluster of a file may end past the end of the file:
+	 * QEMU writes only the subclusters it allocates, and neither QEMU nor
+	 * we zero the rest of a new cluster at the end (see
+	 * qcow2_io_zero_range()). A device holds whole clusters.
 	 */
-	if (q->hdr.extended_l2)
+	if (q->hdr.extended_l2 || q->io.file)
 		err = host_check(q, off, q->hdr.cluster_size);
 	else
 		err = qcow2_host_cluster_check(q, off);
@@ -825,6 +827,8 @@ int qcow2_alloc_cluster(struct qcow2 *q, u64 *host)
 	mutex_lock(&q->alloc_lock);
 	r = alloc_locked(q, host);
 	mutex_unlock(&q->alloc_lock);
+	if (!r)
+		qcow2_io_reserve(&q->io, *host + q->hdr.cluster_size);
 	/*
 	 * A failed write of a new refcount block, table or header may have
 	 * landed in part: stop writing (no space, no memory and corruption
@@ -1558,8 +1562,7 @@ int qcow2_reload_image(struct qcow2 *q)
 	int r;
 
 	mutex_lock(&q->alloc_lock);
-	if (q->io.file)
-		WRITE_ONCE(q->io.size, i_size_read(file_inode(q->io.file)));
+	qcow2_io_resync(&q->io);
 	r = load_metadata(q, &err);
 	if (!r && (old.cluster_bits != q->hdr.cluster_bits ||
 		   old.size != q->hdr.size ||
@@ -1740,6 +1743,8 @@ int qcow2_deactivate(struct qcow2 *q)
 		if (!r)
 			q->dirty_bit_set = false;
 	}
+	if (!r)
+		qcow2_io_trim(&q->io);
 	mutex_unlock(&q->alloc_lock);
 	return r;
 }

@@ -43,21 +43,29 @@
 struct qcow2_io {
 	struct dm_dev *dev;		/* block device backend, or NULL */
 	struct file *file;		/* regular file backend, or NULL */
-	u64 size;			/* bytes, as found at open */
+	u64 size;			/* bytes (a file: as it grows) */
 	unsigned int lbs;		/* logical block size below us */
 	bool dio;			/* file data uses direct I/O */
+	/* A file: nothing was ever written at or past @written */
+	u64 written;
+	struct mutex grow_lock;		/* a file: qcow2_io_reserve() */
+	bool grown;			/* a file: qcow2_io_reserve() grew it */
 };
 
 int qcow2_io_open(struct dm_target *ti, struct qcow2_io *io,
 		  const char *path, bool writable);
 void qcow2_io_close(struct dm_target *ti, struct qcow2_io *io);
 int qcow2_io_read_meta(struct qcow2_io *io, void *buf, size_t len, u64 off);
+int qcow2_io_read_data(struct qcow2_io *io, void *buf, size_t len, u64 off);
 int qcow2_io_write_meta(struct qcow2_io *io, void *buf, size_t len, u64 off);
 int qcow2_io_write_data(struct qcow2_io *io, const struct bio_vec *bv,
 			unsigned int nr, size_t len, u64 off);
 int qcow2_io_flush(struct qcow2_io *io);
 void qcow2_io_discard(struct qcow2_io *io, u64 off, u64 len);
 int qcow2_io_zero_range(struct qcow2_io *io, u64 off, u64 len);
+void qcow2_io_reserve(struct qcow2_io *io, u64 end);
+void qcow2_io_trim(struct qcow2_io *io);
+void qcow2_io_resync(struct qcow2_io *io);
 unsigned int qcow2_buf_to_bvec(struct bio_vec *bv, unsigned int max,
 			       void *buf, size_t len);
 void qcow2_bio_copy_from_buf(struct bio *bio, const void *src);

@@ -496,6 +496,69 @@ test_snapshot() {
 	cd .. && rm -rf snap
 }
 
+# A new cluster at the end of an image file is not zeroed: writing its
+# data extends the file, which then ends inside the cluster (as QEMU
+# leaves it). The tail reads as zeros through the device and through qemu,
+# the image is clean, and the cluster serves as a source of data that
+# must read zeros there: a backing layer under a partial write of an
+# overlay, and a snapshot-shared cluster copied on write. Then an in-place
+# write to its tail.
+test_tail_past_eof() {
+	local img c=$((1 << 20)) sz
+	dm_only || return 0
+	newdir tail || return 1
+	img=$PWD/t.qcow2
+	must qemu-img create -q -f qcow2 "$img" 16M || return 1
+	wdev_create t "$img" || return 1
+	qio -f raw -c "write -P 0x31 $c 4k" "$WDEV" || return 1
+	wdev_remove t || return 1
+	sz=$(stat -c %s "$img")
+	[ $((sz % 65536)) -ne 0 ] ||
+		fail "test premise: the file ($sz bytes) ends on a cluster" ||
+		return 1
+	log "the file ends $((sz % 65536)) bytes into its last cluster"
+	img_check "$img" || return 1
+	qio -r -f qcow2 -c "read -P 0x31 $c 4k" -c "read -P 0 $((c + 4096)) 60k" \
+		"$img" || return 1
+
+	# A backing layer: the overlay's new cluster is filled from it
+	must qemu-img create -q -f qcow2 -b "$img" -F qcow2 o.qcow2 16M ||
+		return 1
+	must cp o.qcow2 ref.qcow2 || return 1
+	DM_LEN=$((16 << 11)) dm_create o "$PWD/o.qcow2 2 backing $img" ||
+		return 1
+	qio -f raw -c "write -P 0x32 $((c + 32768)) 4k" \
+		-c "read -P 0x31 $c 4k" -c "read -P 0 $((c + 4096)) 28k" \
+		-c "read -P 0 $((c + 36864)) 28k" /dev/mapper/o || return 1
+	dm_remove o || return 1
+	qio -f qcow2 -c "write -P 0x32 $((c + 32768)) 4k" ref.qcow2 || return 1
+	img_check o.qcow2 || return 1
+	must qemu-img compare o.qcow2 ref.qcow2 || return 1
+
+	# Shared with a snapshot: copied on write
+	must qemu-img snapshot -c s1 "$img" || return 1
+	must cp "$img" ref.qcow2 || return 1
+	wdev_create t "$img" || return 1
+	qio -f raw -c "write -P 0x33 $((c + 16384)) 4k" "$WDEV" || return 1
+	wdev_remove t || return 1
+	qio -f qcow2 -c "write -P 0x33 $((c + 16384)) 4k" ref.qcow2 || return 1
+	img_check "$img" || return 1
+	must qemu-img compare "$img" ref.qcow2 || return 1
+
+	# In place, past the end of the file again: a new cluster, then its tail
+	wdev_create t "$img" || return 1
+	qio -f raw -c "write -P 0x34 $((8 << 20)) 4k" "$WDEV" || return 1
+	qio -f raw -c "write -P 0x35 $((8 << 20 | 61440)) 4k" \
+		-c "read -P 0x34 $((8 << 20)) 4k" \
+		-c "read -P 0 $((8 << 20 | 4096)) 56k" "$WDEV" || return 1
+	wdev_remove t || return 1
+	qio -f qcow2 -c "write -P 0x34 $((8 << 20)) 4k" \
+		-c "write -P 0x35 $((8 << 20 | 61440)) 4k" ref.qcow2 || return 1
+	img_check "$img" || return 1
+	must qemu-img compare "$img" ref.qcow2 || return 1
+	cd .. && rm -rf tail
+}
+
 # ---- 6. concurrency ---------------------------------------------------------
 
 # 16 jobs at once, each in its own region of 1 MiB + 1.5 KiB: regions are
