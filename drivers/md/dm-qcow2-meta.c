@@ -1266,7 +1266,11 @@ static int alloc_workqueues(struct qcow2 *q)
 		return -ENOMEM;
 	if (!q->io.file)
 		return 0;
-	q->io_wq = alloc_workqueue("kqcow2io", WQ_MEM_RECLAIM | WQ_HIGHPRI, 0);
+	/*
+	 * Unbound, as the loop driver's: a bound worker runs on the CPU that
+	 * queued the bio, behind the submitter, while other CPUs idle.
+	 */
+	q->io_wq = alloc_workqueue("kqcow2io", WQ_MEM_RECLAIM | WQ_UNBOUND, 0);
 	return q->io_wq ? 0 : -ENOMEM;
 }
 
