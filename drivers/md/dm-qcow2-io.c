@@ -11,6 +11,7 @@
  */
 #include <linux/bio.h>
 #include <linux/blkdev.h>
+#include <linux/completion.h>
 #include <linux/falloc.h>
 #include <linux/file.h>
 #include <linux/namei.h>
@@ -177,11 +178,30 @@ static int io_bdev_rw(struct qcow2_io *io, blk_opf_t opf,
 	return 0;
 }
 
+/* A direct I/O issued asynchronously and waited for: io_file_rw_bytes() */
+struct io_waited {
+	struct kiocb iocb;
+	struct completion done;
+	long ret;
+};
+
+static void io_waited_complete(struct kiocb *iocb, long ret)
+{
+	struct io_waited *w = container_of(iocb, struct io_waited, iocb);
+
+	w->ret = ret;
+	complete(&w->done);
+}
+
 /*
  * Synchronous I/O of a segment array to the file. Data (@direct) uses
  * direct I/O when the file allows it, metadata the page cache, so that
  * any alignment works. Returns the bytes done (short past the end of the
  * file) or an error.
+ *
+ * Direct I/O goes out as an asynchronous kiocb that we wait for: with a
+ * synchronous one, ext4 keeps the inode locked until a write into a hole
+ * completes, so concurrent allocating writes would run one at a time.
  */
 static ssize_t io_file_rw_bytes(struct qcow2_io *io, bool write, bool direct,
 				const struct bio_vec *bv, unsigned int nr,
@@ -189,19 +209,28 @@ static ssize_t io_file_rw_bytes(struct qcow2_io *io, bool write, bool direct,
 {
 	struct file *file = io->file;
 	struct iov_iter iter;
-	struct kiocb kiocb;
+	struct io_waited w;
 	ssize_t r;
 
 	iov_iter_bvec(&iter, write ? ITER_SOURCE : ITER_DEST, bv, nr, len);
-	init_sync_kiocb(&kiocb, file);
-	kiocb.ki_pos = off;
-	kiocb.ki_flags = direct && io->dio ? IOCB_DIRECT : 0;
+	init_sync_kiocb(&w.iocb, file);
+	w.iocb.ki_pos = off;
+	w.iocb.ki_flags = 0;
+	if (direct && io->dio) {
+		w.iocb.ki_flags = IOCB_DIRECT;
+		w.iocb.ki_complete = io_waited_complete;
+		init_completion(&w.done);
+	}
 	if (write) {
 		file_start_write(file);
-		r = file->f_op->write_iter(&kiocb, &iter);
+		r = file->f_op->write_iter(&w.iocb, &iter);
 		file_end_write(file);
 	} else {
-		r = file->f_op->read_iter(&kiocb, &iter);
+		r = file->f_op->read_iter(&w.iocb, &iter);
+	}
+	if (r == -EIOCBQUEUED) {
+		wait_for_completion_io(&w.done);
+		r = w.ret;
 	}
 	return r;
 }
