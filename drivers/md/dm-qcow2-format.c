@@ -362,7 +362,8 @@ int qcow2_header_parse(const void *buf, size_t len, struct qcow2_header *h,
 int qcow2_header_check_layout(const struct qcow2_header *h, u64 image_size,
 			      const char **err)
 {
-	u64 bytes = (u64)h->refcount_table_clusters << h->cluster_bits;
+	u64 rt_bytes = (u64)h->refcount_table_clusters << h->cluster_bits;
+	u64 bytes = rt_bytes;
 
 	if (h->refcount_table_offset < h->cluster_size)
 		return fail(err, "Refcount table overlaps the header", -EINVAL);
@@ -376,6 +377,14 @@ int qcow2_header_check_layout(const struct qcow2_header *h, u64 image_size,
 	if (h->l1_table_offset > image_size ||
 	    bytes > image_size - h->l1_table_offset)
 		return fail(err, "L1 table runs past the end of the image",
+			    -EINVAL);
+	/*
+	 * Both are written in place, entry by entry: one would overwrite the
+	 * other. Both ranges lie inside the image here: no overflow.
+	 */
+	if (bytes && h->l1_table_offset < h->refcount_table_offset + rt_bytes &&
+	    h->refcount_table_offset < h->l1_table_offset + bytes)
+		return fail(err, "L1 table overlaps the refcount table",
 			    -EINVAL);
 	return 0;
 }

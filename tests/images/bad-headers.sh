@@ -60,6 +60,7 @@ E_LAY_RT_HDR="Refcount table overlaps the header"
 E_LAY_RT_END="Refcount table runs past the end of the image"
 E_LAY_L1_HDR="L1 table overlaps the header"
 E_LAY_L1_END="L1 table runs past the end of the image"
+E_LAY_L1_RT="L1 table overlaps the refcount table"
 
 # Header field offsets
 OFF_MAGIC=0 OFF_VERSION=4 OFF_BACKING=8 OFF_BACKING_SIZE=16
@@ -173,6 +174,8 @@ generate() {
 	bad reftable-past-end "$E_LAY_RT_END"	$OFF_REFTABLE "$(be64 0x10000000)"
 	bad reftable-overlapping-header "$E_LAY_RT_HDR" \
 		$OFF_REFTABLE "$(be64 0)"
+	bad l1-overlapping-reftable "$E_LAY_L1_RT" $OFF_L1 "$(be64 0x10000)"
+	bad reftable-overlapping-l1 "$E_LAY_L1_RT" $OFF_REFTABLE "$(be64 0x30000)"
 	truncated truncated-50 "$E_SMALL" 50
 	truncated truncated-100 "$E_SMALL" 100
 	truncated truncated-header-108 "$E_HLEN_PAST" 108

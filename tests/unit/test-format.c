@@ -267,6 +267,7 @@ static bool expect_ok(const char *file, int line, size_t len,
 #define E_LAY_RT_HDR	"Refcount table overlaps the header"
 #define E_LAY_RT_END	"Refcount table runs past the end of the image"
 #define E_LAY_L1_HDR	"L1 table overlaps the header"
+#define E_LAY_L1_RT	"L1 table overlaps the refcount table"
 #define E_LAY_L1_END	"L1 table runs past the end of the image"
 #define E_L1E_RSVD	"L1 entry has reserved bits set"
 #define E_L1E_ALIGN	"L2 table offset not cluster aligned"
@@ -1095,6 +1096,22 @@ static void test_layout(void)
 	s.l1_off = (1ULL << 63) - 2 * C64K;
 	if (PARSE_OK(build(&s), &h))
 		LAYOUT_ERR(&h, 1ULL << 30, E_LAY_L1_END);
+
+	/* The L1 and refcount tables must not share a byte */
+	s = v3();
+	s.l1_off = C64K;		/* the refcount table's cluster */
+	if (PARSE_OK(build(&s), &h))
+		LAYOUT_ERR(&h, 1ULL << 30, E_LAY_L1_RT);
+	s = v3();
+	s.rt_off = 2 * C64K;		/* two clusters, over the L1 table */
+	s.rt_clusters = 2;
+	if (PARSE_OK(build(&s), &h))
+		LAYOUT_ERR(&h, 1ULL << 30, E_LAY_L1_RT);
+	s = v3();
+	s.rt_off = C64K;		/* two clusters, ending where L1 starts */
+	s.rt_clusters = 2;
+	if (PARSE_OK(build(&s), &h))
+		LAYOUT_OK(&h, 1ULL << 30);
 }
 
 /* ------------------------------------------------------------------ */
