@@ -684,26 +684,35 @@ test_suspend_reload_loop()	{ [ -n "$FAULT_FULL" ] || { log "skip: FAULT_FULL"; r
 
 # wait_open NAME: until something holds the device open (fio started).
 wait_open() {
+	wait_open_by "$1" 1
+}
+
+# wait_open_by NAME N: until the device is open N times.
+wait_open_by() {
 	local n=300
-	while [ "$(dmsetup info -c --noheadings -o open "$1")" = 0 ]; do
+	while [ "$(dmsetup info -c --noheadings -o open "$1")" -lt "$2" ]; do
 		n=$((n - 1))
 		[ $n -gt 0 ] || fail "$1 never opened" || return 1
 		sleep 0.1
 	done
 }
 
-# While fio has the device open: "dmsetup remove" fails with EBUSY at
-# once and changes nothing; a deferred removal happens when fio closes
-# it; fio's verification passes; the image is clean and holds fio's data.
+# While the device is open and fio writes to it: "dmsetup remove" fails
+# with EBUSY at once and changes nothing; a deferred removal happens at
+# the last close; fio's verification passes; the image is clean and holds
+# fio's data. The test holds the device open itself (fd 9) until fio is
+# done: fio alone may finish before the removals are tried.
 test_remove_busy() {
 	local img pid rc out
 	newdir rb || return 1
 	img=$PWD/rb.qcow2
 	must qemu-img create -q -f qcow2 "$img" 64M || return 1
 	wdev_create rb "$img" || return 1
+	exec 9<"$WDEV" || fail "cannot open $WDEV" || return 1
 	fio_verify "$WDEV" --io_size=16M >fio.out 2>&1 &
 	pid=$!
-	wait_open rb || return 1
+	# The node goes with a refused removal (no udev): fio must have it
+	wait_open_by rb 2 || return 1
 	out=$(timeout 60 dmsetup remove rb 2>&1) && fail "removed while open" &&
 		return 1
 	echo "$out" | grep -q 'busy' || fail "remove: $out" || return 1
@@ -713,6 +722,9 @@ test_remove_busy() {
 	rc=0
 	bg_wait $pid 300 || rc=$?
 	[ $rc -eq 0 ] || { tail -n 20 fio.out >&2; fail "fio: exit $rc"; return 1; }
+	dmsetup info rb >/dev/null 2>&1 ||
+		fail "removed while still open" || return 1
+	exec 9<&-
 	sleep 1
 	! dmsetup info rb >/dev/null 2>&1 ||
 		fail "deferred removal did not happen" || return 1
