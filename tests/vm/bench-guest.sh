@@ -316,7 +316,7 @@ run_one() {
 	mv "$raw" "$f.out" 2>/dev/null || : >"$f.out"
 	echo "kind=$kind state=$state dev=$dk wl=$wl rc=$rc" \
 		"usr_ticks=$((u1 - u0)) sys_ticks=$((s1 - s0)) hz=$(getconf CLK_TCK)" \
-		"cache=$cache bs=$(numfmt --from=iec "$b") win_cs=$wcs" \
+		"cache=$cache bs=$(numfmt --from=iec "${b^^}") win_cs=$wcs" \
 		"win_usr=$wu win_sys=$ws win_sectors=$wsec start_cs=$wst" \
 		"wall=$((SECONDS - t0))" \
 		>"$f.meta"
