@@ -246,14 +246,18 @@ static int io_file_rw(struct qcow2_io *io, bool write, bool direct,
 	return r == len ? 0 : -EIO;	/* short: past EOF, or no space */
 }
 
+/*
+ * Synchronous I/O of a buffer. A short file read fails, or with
+ * @zero_tail reads zeros past the end of the file.
+ */
 static int io_rw_buf(struct qcow2_io *io, bool write, void *buf, size_t len,
-		     u64 off)
+		     u64 off, bool zero_tail)
 {
 	blk_opf_t opf = (write ? REQ_OP_WRITE : REQ_OP_READ) | REQ_META |
 			REQ_SYNC;
 	struct bio_vec *bv;
 	unsigned int nr, noio;
-	int r;
+	ssize_t r;
 
 	nr = DIV_ROUND_UP(offset_in_page(buf) + len, PAGE_SIZE);
 	bv = kmalloc_array(nr, sizeof(*bv), GFP_NOIO);
@@ -264,10 +268,16 @@ static int io_rw_buf(struct qcow2_io *io, bool write, void *buf, size_t len,
 	if (io->dev)
 		r = io_bdev_rw(io, opf, bv, nr, off);
 	else
-		r = io_file_rw(io, write, false, bv, nr, len, off);
+		r = io_file_rw_bytes(io, write, false, bv, nr, len, off);
 	memalloc_noio_restore(noio);
 	kfree(bv);
-	return r;
+	if (io->dev || r < 0)
+		return r;
+	if (r < len && !write && zero_tail)
+		memset(buf + r, 0, len - r);
+	else if (r < len)
+		return -EIO;	/* short: past EOF, or no space */
+	return 0;
 }
 
 /*
@@ -288,7 +298,7 @@ static int io_read_unaligned(struct qcow2_io *io, void *buf, size_t len,
 	bounce = kvmalloc(end - start, GFP_NOIO);
 	if (!bounce)
 		return -ENOMEM;
-	r = io_rw_buf(io, false, bounce, end - start, start);
+	r = io_rw_buf(io, false, bounce, end - start, start, false);
 	if (!r)
 		memcpy(buf, bounce + (off - start), len);
 	kvfree(bounce);
@@ -308,7 +318,7 @@ int qcow2_io_read_meta(struct qcow2_io *io, void *buf, size_t len, u64 off)
 		return -EIO;
 	if (io->dev && ((off | len) & (io->lbs - 1)))
 		return io_read_unaligned(io, buf, len, off);
-	return io_rw_buf(io, false, buf, len, off);
+	return io_rw_buf(io, false, buf, len, off, false);
 }
 
 /* Move @*val up to @end; writers race. */
@@ -342,7 +352,7 @@ int qcow2_io_write_meta(struct qcow2_io *io, void *buf, size_t len, u64 off)
 
 	if (io->dev && (off > io->size || len > io->size - off))
 		return -ENOSPC;
-	r = io_rw_buf(io, true, buf, len, off);
+	r = io_rw_buf(io, true, buf, len, off, false);
 	if (!r && io->file)
 		io_extend(io, off + len);
 	return r;
@@ -376,25 +386,9 @@ int qcow2_io_write_data(struct qcow2_io *io, const struct bio_vec *bv,
  */
 int qcow2_io_read_data(struct qcow2_io *io, void *buf, size_t len, u64 off)
 {
-	struct bio_vec *bv;
-	unsigned int nr, noio;
-	ssize_t r;
-
 	if (io->dev)
 		return qcow2_io_read_meta(io, buf, len, off);
-	nr = DIV_ROUND_UP(offset_in_page(buf) + len, PAGE_SIZE);
-	bv = kmalloc_array(nr, sizeof(*bv), GFP_NOIO);
-	if (!bv)
-		return -ENOMEM;
-	nr = qcow2_buf_to_bvec(bv, nr, buf, len);
-	noio = memalloc_noio_save();
-	r = io_file_rw_bytes(io, false, false, bv, nr, len, off);
-	memalloc_noio_restore(noio);
-	kfree(bv);
-	if (r < 0)
-		return r;
-	memset(buf + r, 0, len - r);
-	return 0;
+	return io_rw_buf(io, false, buf, len, off, true);
 }
 
 /* Make every completed write durable. */
