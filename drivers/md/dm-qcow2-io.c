@@ -337,7 +337,10 @@ static void io_raise(u64 *val, u64 end)
 /*
  * A file grows as clusters past its end are written. Every write moves
  * io->written, a failed one too (part of it may have landed): past that
- * mark the file is known to hold nothing (qcow2_io_zero_range()).
+ * mark the file is known to hold nothing (qcow2_io_zero_range()). Data
+ * writes move it once done: that is soon enough, since a write lands in
+ * its own cluster only, and a cluster's zeroing is decided when it is
+ * allocated, before anything is written to it.
  */
 static void io_extend(struct qcow2_io *io, u64 end)
 {
@@ -477,10 +480,8 @@ void qcow2_io_reserve(struct qcow2_io *io, u64 end)
 		want = round_up(end + clamp_t(u64, io->size >> 3, SZ_1M, SZ_1G),
 				SZ_1M);
 		noio = memalloc_noio_save();
-		if (!vfs_truncate(&io->file->f_path, want)) {
+		if (!vfs_truncate(&io->file->f_path, want))
 			io_raise(&io->size, want);
-			io->grown = true;
-		}
 		memalloc_noio_restore(noio);
 	}
 	mutex_unlock(&io->grow_lock);
@@ -497,14 +498,15 @@ void qcow2_io_trim(struct qcow2_io *io)
 	u64 end = READ_ONCE(io->written);
 	unsigned int noio;
 
+	if (!io->file)
+		return;
 	mutex_lock(&io->grow_lock);
-	if (io->grown && end < io->size) {
+	if (end < io->size) {
 		noio = memalloc_noio_save();
 		if (!vfs_truncate(&io->file->f_path, end))
 			WRITE_ONCE(io->size, end);
 		memalloc_noio_restore(noio);
 	}
-	io->grown = false;
 	mutex_unlock(&io->grow_lock);
 }
 
@@ -516,7 +518,6 @@ void qcow2_io_resync(struct qcow2_io *io)
 	mutex_lock(&io->grow_lock);
 	WRITE_ONCE(io->size, i_size_read(file_inode(io->file)));
 	WRITE_ONCE(io->written, io->size);
-	io->grown = false;
 	mutex_unlock(&io->grow_lock);
 }
 

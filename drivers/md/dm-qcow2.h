@@ -46,10 +46,12 @@ struct qcow2_io {
 	u64 size;			/* bytes (a file: as it grows) */
 	unsigned int lbs;		/* logical block size below us */
 	bool dio;			/* file data uses direct I/O */
-	/* A file: nothing was ever written at or past @written */
+	/*
+	 * A file: nothing was ever written at or past @written. @size is
+	 * larger only when qcow2_io_reserve() grew the file.
+	 */
 	u64 written;
-	struct mutex grow_lock;		/* a file: qcow2_io_reserve() */
-	bool grown;			/* a file: qcow2_io_reserve() grew it */
+	struct mutex grow_lock;		/* a file: changes of its size */
 };
 
 int qcow2_io_open(struct dm_target *ti, struct qcow2_io *io,
