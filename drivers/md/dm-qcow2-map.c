@@ -3,9 +3,12 @@
  * dm-qcow2: mapping bios from guest offsets to the image.
  *
  * ->map() serves a bio that spans clusters at once while they are
- * contiguous in the image (map_extend()) and cuts it at the first cluster
- * boundary otherwise (dm sends the rest as a new bio), so every other path
- * sees one cluster: one L1 and one L2 entry. The L1
+ * contiguous in the image (map_extend()), and sends a write over clusters
+ * that all need new ones (or a FUA write's run) to a worker whole;
+ * otherwise it cuts the bio at the first cluster boundary (dm sends the
+ * rest as a new bio). Workers serve a write that spans clusters whole
+ * when it still can be, else cluster by cluster (write_each()), so every
+ * other path sees one cluster: one L1 and one L2 entry. The L1
  * table is held in memory; L2 entries come from the slice cache. When the
  * slice is cached, ->map() resolves reads, and writes to clusters we own
  * (COPIED in both L1 and L2), on the spot: a block device bio is
@@ -419,45 +422,61 @@ static int map_resolved(struct qcow2 *q, struct bio *bio,
 
 /* ---- Allocating writes ---- */
 
+/*
+ * A write the workers serve whole (allocating clusters, or FUA) stays
+ * within one aligned group of 64 clusters: they are in one L2 table (a
+ * table has at least 64 entries, and no extended ones in such a write)
+ * and their in-flight slots in one bucket.
+ */
+#define QCOW2_GROUP_BITS	6
+
 static struct hlist_head *inflight_bucket(struct qcow2 *q, u64 vcluster)
 {
-	return &q->inflight[hash_64(vcluster, ilog2(ARRAY_SIZE(q->inflight)))];
+	return &q->inflight[hash_64(vcluster >> QCOW2_GROUP_BITS,
+				    ilog2(ARRAY_SIZE(q->inflight)))];
 }
 
-static bool inflight_busy(struct qcow2 *q, u64 vcluster)
+/* Does a slot holder overlap clusters [@first, @first + @n)? Under q->lock */
+static bool inflight_busy_locked(struct qcow2 *q, u64 first, u32 n)
 {
 	struct qcow2_bio *pb;
-	bool busy = false;
+
+	hlist_for_each_entry(pb, inflight_bucket(q, first), inflight)
+		if (pb->vcluster < first + n && first < pb->vcluster + pb->vcount)
+			return true;
+	return false;
+}
+
+static bool inflight_busy(struct qcow2 *q, u64 first, u32 n)
+{
+	bool busy;
 
 	spin_lock(&q->lock);
-	hlist_for_each_entry(pb, inflight_bucket(q, vcluster), inflight)
-		if (pb->vcluster == vcluster)
-			busy = true;
+	busy = inflight_busy_locked(q, first, n);
 	spin_unlock(&q->lock);
 	return busy;
 }
 
-/* Take the guest cluster's in-flight slot, waiting for its holder. */
-static void inflight_begin(struct qcow2 *q, struct qcow2_bio *pb, u64 vcluster)
+/*
+ * Take the in-flight slots of guest clusters [@first, @first + @n), all in
+ * one group, waiting for their holders.
+ */
+static void inflight_begin(struct qcow2 *q, struct qcow2_bio *pb, u64 first,
+			   u32 n)
 {
-	struct qcow2_bio *other;
 	bool busy;
 
-	pb->vcluster = vcluster;
+	pb->vcluster = first;
+	pb->vcount = n;
 	for (;;) {
-		busy = false;
 		spin_lock(&q->lock);
-		hlist_for_each_entry(other, inflight_bucket(q, vcluster),
-				     inflight)
-			if (other->vcluster == vcluster)
-				busy = true;
+		busy = inflight_busy_locked(q, first, n);
 		if (!busy)
-			hlist_add_head(&pb->inflight,
-				       inflight_bucket(q, vcluster));
+			hlist_add_head(&pb->inflight, inflight_bucket(q, first));
 		spin_unlock(&q->lock);
 		if (!busy)
 			return;
-		wait_event(q->inflight_wait, !inflight_busy(q, vcluster));
+		wait_event(q->inflight_wait, !inflight_busy(q, first, n));
 	}
 }
 
@@ -519,6 +538,30 @@ static int fill_segments(struct qcow2 *q, struct bio_vec *bv,
 }
 
 /*
+ * @len bytes of the bio's data, from @skip bytes into it, written at
+ * host offset @pos, synchronously.
+ */
+static int write_bio_range(struct qcow2 *q, struct bio *bio, u32 skip,
+			   u32 len, u64 pos)
+{
+	struct bvec_iter iter = bio->bi_iter, it;
+	unsigned int nr = 0;
+	struct bio_vec bv, *vec;
+	int r;
+
+	vec = kmalloc_array(bio_segments(bio), sizeof(*vec), GFP_NOIO);
+	if (!vec)
+		return -ENOMEM;
+	bio_advance_iter(bio, &iter, skip);
+	iter.bi_size = len;
+	__bio_for_each_segment(bv, bio, it, iter)
+		vec[nr++] = bv;
+	r = qcow2_io_write_data(&q->io, vec, nr, len, pos);
+	kfree(vec);
+	return r;
+}
+
+/*
  * A new cluster to be filled with zeros around the bio: have the layer
  * below zero it without writing (see qcow2_io_zero_range()), then write
  * the bio's data alone. Fails when the whole cluster must be written.
@@ -526,23 +569,12 @@ static int fill_segments(struct qcow2 *q, struct bio_vec *bv,
 static int write_cluster_sparse(struct qcow2 *q, struct bio *bio, u64 host)
 {
 	u32 head = qcow2_cluster_offset(&q->hdr, bio_voff(bio));
-	unsigned int nr = 0;
-	struct bvec_iter iter;
-	struct bio_vec bv, *vec;
 	int r;
 
 	r = qcow2_io_zero_range(&q->io, host, q->hdr.cluster_size);
 	if (r)
 		return r;
-	vec = kmalloc_array(bio_segments(bio), sizeof(*vec), GFP_NOIO);
-	if (!vec)
-		return -ENOMEM;
-	bio_for_each_segment(bv, bio, iter)
-		vec[nr++] = bv;
-	r = qcow2_io_write_data(&q->io, vec, nr, bio->bi_iter.bi_size,
-				host + head);
-	kfree(vec);
-	return r;
+	return write_bio_range(q, bio, 0, bio->bi_iter.bi_size, host + head);
 }
 
 /*
@@ -581,6 +613,27 @@ static int write_cluster(struct qcow2 *q, struct bio *bio, u64 host,
 out:
 	kvfree(hbuf);
 	kvfree(tbuf);
+	kfree(vec);
+	return r;
+}
+
+/* Zeros written in place, by the layer below when it can. */
+static int zero_in_place(struct qcow2 *q, u64 host, u32 len)
+{
+	static const struct qcow2_fill zeros;
+	unsigned int max = DIV_ROUND_UP(len, PAGE_SIZE), nr = 0;
+	struct bio_vec *vec;
+	void *unused;
+	int r;
+
+	if (!qcow2_io_zero_range(&q->io, host, len))
+		return 0;
+	vec = kmalloc_array(max, sizeof(*vec), GFP_NOIO);
+	if (!vec)
+		return -ENOMEM;
+	r = fill_segments(q, vec, max, &zeros, 0, len, &unused, &nr);
+	if (!r)
+		r = qcow2_io_write_data(&q->io, vec, nr, len, host);
 	kfree(vec);
 	return r;
 }
@@ -824,27 +877,203 @@ static int write_allocating(struct qcow2 *q, struct bio *bio,
 	return 0;
 }
 
+/* ---- Writes that span clusters ---- */
+
+/*
+ * Would a write need a new cluster with nothing to copy into it (zeros
+ * around its data)? Extended L2 entries have their own path.
+ */
+static bool fresh_cluster(struct qcow2 *q, const struct qcow2_lookup *lk)
+{
+	if (q->hdr.extended_l2)
+		return false;
+	return lk->m.type == QCOW2_CLUSTER_ZERO_PLAIN ||
+	       (lk->m.type == QCOW2_CLUSTER_UNALLOCATED && !q->backing);
+}
+
+/* Guest clusters that @bio touches */
+static u32 bio_clusters(struct qcow2 *q, struct bio *bio)
+{
+	u64 voff = bio_voff(bio);
+
+	return ((voff + bio->bi_iter.bi_size - 1) >> q->hdr.cluster_bits) -
+	       (voff >> q->hdr.cluster_bits) + 1;
+}
+
+enum qcow2_span {
+	SPAN_IN_PLACE,		/* one host run, every cluster ours */
+	SPAN_FRESH,		/* every cluster needs a new one, zero-filled */
+	SPAN_MIXED,		/* anything else: cluster by cluster */
+};
+
+/*
+ * How a write may be served, looking up each of its clusters (@lk gets
+ * the first one's mapping). The caller holds their in-flight slots, so no
+ * allocating write, discard or write-zeroes changes them meanwhile.
+ */
+static int span_kind(struct qcow2 *q, struct bio *bio, struct qcow2_lookup *lk)
+{
+	u64 cs = q->hdr.cluster_size, voff = bio_voff(bio);
+	u64 next = round_down(voff, cs) + cs, end = voff + bio->bi_iter.bi_size;
+	bool in_place, fresh;
+	u64 host;
+	struct qcow2_lookup n;
+	int r;
+
+	r = map_lookup(q, voff, true, lk);
+	if (r)
+		return r;
+	in_place = writable_in_place(q, lk, voff, min(end, next) - voff);
+	fresh = fresh_cluster(q, lk);
+	for (host = lk->m.host_offset + cs; next < end; next += cs, host += cs) {
+		r = map_lookup(q, next, true, &n);
+		if (r)
+			return r;
+		in_place = in_place && n.m.host_offset == host &&
+			   writable_in_place(q, &n, next, min(end - next, cs));
+		fresh = fresh && fresh_cluster(q, &n);
+	}
+	if (in_place)
+		return SPAN_IN_PLACE;
+	return fresh && bio_clusters(q, bio) > 1 ? SPAN_FRESH : SPAN_MIXED;
+}
+
+/*
+ * The data of a fresh span into the new clusters at @host[]: zeros before
+ * it in the first and after it in the last (without writing where the
+ * layer below can), then one write per run of contiguous clusters.
+ */
+static int write_fresh_data(struct qcow2 *q, struct bio *bio, const u64 *host,
+			    u32 nr)
+{
+	u32 cs = q->hdr.cluster_size, len = bio->bi_iter.bi_size;
+	u32 head = qcow2_cluster_offset(&q->hdr, bio_voff(bio));
+	u32 tail = nr * cs - head - len, i, j, skip, n;
+	int r = 0;
+
+	if (head)
+		r = zero_in_place(q, host[0], head);
+	if (!r && tail)
+		r = zero_in_place(q, host[nr - 1] + cs - tail, tail);
+	for (i = 0; !r && i < nr; i = j) {
+		for (j = i + 1; j < nr && host[j] == host[j - 1] + cs; j++)
+			;
+		skip = i ? i * cs - head : 0;
+		n = min(len, j * cs - head) - skip;
+		r = write_bio_range(q, bio, skip, n, host[i] + (i ? 0 : head));
+	}
+	return r;
+}
+
+/*
+ * A write over clusters that all need new ones with nothing to copy (an
+ * empty image written sequentially): the clusters are allocated together,
+ * the data goes out in as few writes as they allow, and then the L2
+ * entries point at them, as write_allocating() does for one cluster.
+ */
+static int write_fresh(struct qcow2 *q, struct bio *bio)
+{
+	u64 cs = q->hdr.cluster_size, voff = bio_voff(bio);
+	u64 start = round_down(voff, cs), l2_off, *host;
+	u32 nr = bio_clusters(q, bio), done = 0;
+	int r;
+
+	/* One L2 table: the span is within one group (QCOW2_GROUP_BITS) */
+	r = qcow2_l2_for_write(q, voff, &l2_off);
+	if (r)
+		return r;
+	host = kmalloc_array(nr, sizeof(*host), GFP_NOIO);
+	if (!host)
+		return -ENOMEM;
+	r = qcow2_alloc_clusters(q, nr, host);
+	if (r)
+		goto out;
+	r = write_fresh_data(q, bio, host, nr);
+	while (!r && done < nr) {
+		r = qcow2_set_l2_entry(q, l2_off, start + done * cs,
+				       host[done] | QCOW2_OFLAG_COPIED, U32_MAX);
+		if (!r)
+			done++;
+	}
+	/* Entries already set keep their clusters (and the data there) */
+	for (; r && done < nr; done++)
+		qcow2_refcount_update(q, host[done], -1);
+out:
+	kfree(host);
+	return r;
+}
+
+/* The part of a write within one cluster, as its mapping says. */
+static int write_one(struct qcow2 *q, struct bio *bio)
+{
+	u64 voff = bio_voff(bio);
+	struct qcow2_lookup lk;
+	int r;
+
+	r = map_lookup(q, voff, true, &lk);
+	if (r)
+		return r;
+	if (writable_in_place(q, &lk, voff, bio->bi_iter.bi_size))
+		return write_bio_range(q, bio, 0, bio->bi_iter.bi_size,
+				       lk.m.host_offset +
+				       qcow2_cluster_offset(&q->hdr, voff));
+	return write_allocating(q, bio, &lk);
+}
+
+/*
+ * A write over clusters of different kinds, cluster by cluster (the
+ * paths above see one cluster): each part is served through a view of
+ * the bio narrowed to it, and the bio is given back whole.
+ */
+static int write_each(struct qcow2 *q, struct bio *bio)
+{
+	struct bvec_iter whole = bio->bi_iter, cur = whole;
+	u64 cs = q->hdr.cluster_size, voff;
+	int r = 0;
+	u32 n;
+
+	while (!r && cur.bi_size) {
+		voff = (u64)cur.bi_sector << SECTOR_SHIFT;
+		n = min_t(u64, cur.bi_size, round_down(voff, cs) + cs - voff);
+		bio->bi_iter = cur;
+		bio->bi_iter.bi_size = n;
+		r = write_one(q, bio);
+		bio_advance_iter(bio, &cur, n);
+	}
+	bio->bi_iter = whole;
+	return r;
+}
+
+/*
+ * Writes that ->map() could not serve: allocating ones, FUA ones, and
+ * those whose slices were not cached. A write spanning clusters (one
+ * group at most) is served whole when it can be.
+ */
 static void write_work(struct qcow2 *q, struct bio *bio)
 {
 	struct qcow2_bio *pb = dm_per_bio_data(bio, sizeof(*pb));
 	struct qcow2_lookup lk;
 	int r;
 
-	inflight_begin(q, pb, bio_voff(bio) >> q->hdr.cluster_bits);
-	r = map_lookup(q, bio_voff(bio), true, &lk);
-	if (r ||
-	    writable_in_place(q, &lk, bio_voff(bio), bio->bi_iter.bi_size)) {
+	inflight_begin(q, pb, bio_voff(bio) >> q->hdr.cluster_bits,
+		       bio_clusters(q, bio));
+	r = span_kind(q, bio, &lk);
+	if (r == SPAN_IN_PLACE) {
 		inflight_end(q, pb);
-		/* FUA: what maps this cluster must be durable too */
-		if (!r && bio->bi_opf & REQ_FUA)
-			r = qcow2_sync(q);
+		/* FUA: what maps these clusters must be durable too */
+		r = bio->bi_opf & REQ_FUA ? qcow2_sync(q) : 0;
 		if (r)
 			map_complete(bio, r);
 		else
 			map_resolved(q, bio, &lk, true);
 		return;
 	}
-	r = write_allocating(q, bio, &lk);
+	if (r == SPAN_FRESH)
+		r = write_fresh(q, bio);
+	else if (r == SPAN_MIXED && bio_clusters(q, bio) > 1)
+		r = write_each(q, bio);
+	else if (r == SPAN_MIXED)
+		r = write_allocating(q, bio, &lk);
 	inflight_end(q, pb);
 	if (!r && bio->bi_opf & REQ_FUA)
 		r = qcow2_sync(q);
@@ -935,7 +1164,7 @@ static void discard_work(struct qcow2 *q, struct bio *bio)
 	int r = 0;
 
 	for (; !r && start < end; start += cs) {
-		inflight_begin(q, pb, start >> q->hdr.cluster_bits);
+		inflight_begin(q, pb, start >> q->hdr.cluster_bits, 1);
 		r = discard_cluster(q, start);
 		inflight_end(q, pb);
 	}
@@ -1022,27 +1251,6 @@ static struct bio *zero_bio(u64 voff, u32 len)
 	return bio;
 }
 
-/* Zeros written in place, by the layer below when it can. */
-static int zero_in_place(struct qcow2 *q, u64 host, u32 len)
-{
-	static const struct qcow2_fill zeros;
-	unsigned int max = DIV_ROUND_UP(len, PAGE_SIZE), nr = 0;
-	struct bio_vec *vec;
-	void *unused;
-	int r;
-
-	if (!qcow2_io_zero_range(&q->io, host, len))
-		return 0;
-	vec = kmalloc_array(max, sizeof(*vec), GFP_NOIO);
-	if (!vec)
-		return -ENOMEM;
-	r = fill_segments(q, vec, max, &zeros, 0, len, &unused, &nr);
-	if (!r)
-		r = qcow2_io_write_data(&q->io, vec, nr, len, host);
-	kfree(vec);
-	return r;
-}
-
 /*
  * Part of a cluster (or any of a v2 image): nothing to do where it reads
  * as zeros already; zeros written in place in a cluster we own; else an
@@ -1081,7 +1289,7 @@ static void zeroes_work(struct qcow2 *q, struct bio *bio)
 
 	for (; !r && voff < end; voff += n) {
 		n = min(end, round_down(voff, cs) + cs) - voff;
-		inflight_begin(q, pb, voff >> q->hdr.cluster_bits);
+		inflight_begin(q, pb, voff >> q->hdr.cluster_bits, 1);
 		if (n == cs && q->hdr.version >= 3)
 			r = zero_cluster(q, voff, unmap);
 		else
@@ -1147,27 +1355,36 @@ static void cut_to_cluster(struct qcow2 *q, struct bio *bio)
  * A bio may span clusters. ->map() serves it whole while its clusters
  * continue the first one's host run (data clusters next to each other in
  * the image, each writable in place for a write, slices cached), and
- * cuts it where the run ends; everything else is served one cluster at a
- * time (workers and the paths above assume it). A bad entry met ahead is
- * reported here, as the rest of the bio would report it next.
+ * cuts it where the run ends. A write whose clusters all need new ones
+ * with nothing to copy (fresh_cluster()) goes to a worker whole, as
+ * does a FUA write's run (@deferred), within one group of clusters.
+ * Everything else is served one cluster at a time. A bad entry met ahead
+ * is reported here, as the rest of the bio would report it next.
  */
 static void map_extend(struct qcow2 *q, struct bio *bio,
-		       struct qcow2_lookup *lk, bool write)
+		       struct qcow2_lookup *lk, bool write, bool deferred)
 {
 	u64 cs = q->hdr.cluster_size, voff = bio_voff(bio);
-	u64 end = voff + bio->bi_iter.bi_size;
+	u64 end = voff + bio->bi_iter.bi_size, limit = end;
 	u64 next = round_down(voff, cs) + cs, host = lk->m.host_offset + cs;
+	u64 group = cs << QCOW2_GROUP_BITS;
+	bool fresh = write && fresh_cluster(q, lk);
 	struct qcow2_lookup n;
 
 	if (next >= end)
 		return;
-	if (lk->m.type != QCOW2_CLUSTER_NORMAL || q->hdr.extended_l2 ||
-	    (write && !writable_in_place(q, lk, voff, cs))) {
+	if (!fresh && (lk->m.type != QCOW2_CLUSTER_NORMAL ||
+		       q->hdr.extended_l2 ||
+		       (write && !writable_in_place(q, lk, voff, cs)))) {
 		cut_to_cluster(q, bio);
 		return;
 	}
-	for (; next < end; next += cs, host += cs) {
-		if (map_lookup(q, next, false, &n) ||
+	if (fresh || deferred)
+		limit = min(end, round_down(voff, group) + group);
+	for (; next < limit; next += cs, host += cs) {
+		if (map_lookup(q, next, false, &n))
+			break;
+		if (fresh ? !fresh_cluster(q, &n) :
 		    n.m.type != QCOW2_CLUSTER_NORMAL ||
 		    n.m.host_offset != host ||
 		    (write && !writable_in_place(q, &n, next, cs)))
@@ -1194,16 +1411,17 @@ int qcow2_map_bio(struct qcow2 *q, struct bio *bio)
 		return defer(q, bio);
 	if (bio_op(bio) != REQ_OP_READ && bio_op(bio) != REQ_OP_WRITE)
 		return DM_MAPIO_KILL;
-	if (write && bio->bi_opf & REQ_FUA) {
-		cut_to_cluster(q, bio);
-		return defer(q, bio);
-	}
 
 	r = map_lookup(q, bio_voff(bio), false, &lk);
+	if (!r && write && bio->bi_opf & REQ_FUA) {
+		/* Workers make the mapping durable before the data */
+		map_extend(q, bio, &lk, true, true);
+		return defer(q, bio);
+	}
 	if (r) {
 		cut_to_cluster(q, bio);
 	} else {
-		map_extend(q, bio, &lk, write);
+		map_extend(q, bio, &lk, write, false);
 		sc_narrow(q, bio, &lk, true);
 	}
 	if (r == -EAGAIN ||

@@ -816,19 +816,29 @@ static int alloc_locked(struct qcow2 *q, u64 *host)
 }
 
 /*
- * Allocate one host cluster: its refcount is one in the cache when this
- * returns. The lowest free cluster at or past the cursor is taken; freed
- * clusters move the cursor back (cluster_freed()).
+ * Allocate @n host clusters (not always contiguous), all or none: their
+ * refcounts are one in the cache when this returns. The lowest free
+ * clusters at or past the cursor are taken; freed clusters move the
+ * cursor back (cluster_freed()).
  */
-int qcow2_alloc_cluster(struct qcow2 *q, u64 *host)
+int qcow2_alloc_clusters(struct qcow2 *q, u32 n, u64 *host)
 {
-	int r;
+	u64 end = 0;
+	u32 i;
+	int r = 0;
 
 	mutex_lock(&q->alloc_lock);
-	r = alloc_locked(q, host);
+	for (i = 0; i < n; i++) {
+		r = alloc_locked(q, &host[i]);
+		if (r)
+			break;
+		end = max(end, host[i] + q->hdr.cluster_size);
+	}
+	while (r && i--)
+		refcount_update_locked(q, host[i], -1);
 	mutex_unlock(&q->alloc_lock);
 	if (!r)
-		qcow2_io_reserve(&q->io, *host + q->hdr.cluster_size);
+		qcow2_io_reserve(&q->io, end);
 	/*
 	 * A failed write of a new refcount block, table or header may have
 	 * landed in part: stop writing (no space, no memory and corruption
@@ -837,6 +847,11 @@ int qcow2_alloc_cluster(struct qcow2 *q, u64 *host)
 	if (r && r != -ENOSPC && r != -ENOMEM && r != -EUCLEAN)
 		qcow2_meta_error(q, r);
 	return r;
+}
+
+int qcow2_alloc_cluster(struct qcow2 *q, u64 *host)
+{
+	return qcow2_alloc_clusters(q, 1, host);
 }
 
 /* ---- L1 and L2 changes ---- */

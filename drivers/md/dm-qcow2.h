@@ -231,8 +231,9 @@ struct qcow2_bio {
 	atomic_t ref;			/* file I/O: submitter + completion */
 	long ret;			/* file I/O: result of the kiocb */
 	u64 pos;			/* file I/O: byte offset in the image */
-	struct hlist_node inflight;	/* allocating write: its cluster */
-	u64 vcluster;
+	struct hlist_node inflight;	/* allocating write: its clusters */
+	u64 vcluster;			/* the first one */
+	u32 vcount;			/* how many */
 };
 
 /* dm-qcow2-meta.c */
@@ -247,6 +248,7 @@ const char *qcow2_data_cluster_check(struct qcow2 *q, u64 off);
 const char *qcow2_data_range_check(struct qcow2 *q, u64 off, u64 len);
 int qcow2_sync(struct qcow2 *q);
 int qcow2_alloc_cluster(struct qcow2 *q, u64 *host);
+int qcow2_alloc_clusters(struct qcow2 *q, u32 n, u64 *host);
 int qcow2_refcount_update(struct qcow2 *q, u64 host, int delta);
 void qcow2_defer_free(struct qcow2 *q, u64 host, u64 len);
 int qcow2_l2_for_write(struct qcow2 *q, u64 voff, u64 *l2_off);
