@@ -69,20 +69,23 @@ run_case() {
 	cleanup_all
 }
 
+# Each file is read in a subshell of its own: a file may redefine a helper
+# of lib.sh for its cases (t-corrupt.sh's img_sectors), and that must not
+# reach the files run after it. The counts are kept in $results.
 run_file() {
 	local spec=$1 file regex fn
 	file=${spec%%:*}
 	regex=.
 	[ "$file" = "$spec" ] || regex=${spec#*:}
-	# Forget the cases of the previous file before reading this one
-	for fn in $(declare -F | awk '{print $3}' | grep '^test_'); do
-		unset -f "$fn"
-	done
-	# shellcheck disable=SC1090
-	. "$here/$file" || { record FAIL "$file"; return; }
-	for fn in $(declare -F | awk '{print $3}' | grep '^test_' | grep -E -- "$regex"); do
-		run_case "${file%.sh}/${fn#test_}" "$fn"
-	done
+	(
+		# shellcheck disable=SC1090
+		. "$here/$file" || { record FAIL "$file"; exit; }
+		for fn in $(declare -F | awk '{print $3}' | grep '^test_' | grep -E -- "$regex"); do
+			run_case "${file%.sh}/${fn#test_}" "$fn"
+		done
+	)
+	passed=$(grep -c '^PASS ' "$results")
+	failed=$(grep -c '^FAIL ' "$results")
 }
 
 if ! setup_scratch || ! setup_modules; then
