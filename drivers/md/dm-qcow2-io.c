@@ -49,6 +49,8 @@ static bool file_can_dio(struct file *file)
 #endif
 }
 
+static void io_queue_work(struct work_struct *work);
+
 static int io_open_file(struct dm_target *ti, struct qcow2_io *io,
 			const char *path, bool writable)
 {
@@ -78,6 +80,9 @@ static int io_open_file(struct dm_target *ti, struct qcow2_io *io,
 	 * (tmpfs, some network file systems) it goes through the page cache.
 	 */
 	io->dio = file_can_dio(file);
+	spin_lock_init(&io->queue_lock);
+	bio_list_init(&io->queue);
+	INIT_WORK(&io->queue_work, io_queue_work);
 	return 0;
 }
 
@@ -543,14 +548,9 @@ static void zero_fill_tail(struct bio *bio, unsigned int done)
 	}
 }
 
-static void file_rw_done(struct qcow2_bio *pb)
+/* End @bio, of which the file transferred @ret bytes (or failed). */
+static void file_bio_end(struct bio *bio, long ret)
 {
-	struct bio *bio = dm_bio_from_per_bio_data(pb, sizeof(*pb));
-	long ret;
-
-	if (!atomic_dec_and_test(&pb->ref))
-		return;
-	ret = pb->ret;
 	if (ret < 0) {
 		bio->bi_status = errno_to_blk_status(ret);
 	} else if (ret < bio->bi_iter.bi_size) {
@@ -562,6 +562,30 @@ static void file_rw_done(struct qcow2_bio *pb)
 	bio_endio(bio);
 }
 
+/*
+ * The last reference is gone: end the bio, or each bio of a merged
+ * submission (chained from the first, in file order), as far as the file
+ * transferred them.
+ */
+static void file_rw_done(struct qcow2_bio *pb)
+{
+	struct bio *bio = dm_bio_from_per_bio_data(pb, sizeof(*pb)), *next;
+	long ret, len;
+
+	if (!atomic_dec_and_test(&pb->ref))
+		return;
+	ret = pb->ret;
+	kfree(pb->bvec);
+	for (; bio; bio = next) {
+		next = bio->bi_next;
+		bio->bi_next = NULL;
+		len = bio->bi_iter.bi_size;
+		file_bio_end(bio, ret < 0 ? ret : min(ret, len));
+		if (ret > 0)
+			ret -= min(ret, len);
+	}
+}
+
 static void file_rw_complete(struct kiocb *iocb, long ret)
 {
 	struct qcow2_bio *pb = container_of(iocb, struct qcow2_bio, iocb);
@@ -571,30 +595,19 @@ static void file_rw_complete(struct kiocb *iocb, long ret)
 }
 
 /*
- * Issue the bio's data at byte @pos of the file. This must run in a worker,
- * never in ->map(): the file system may wait for its own bios, which would
- * sit on current->bio_list until ->map() returned.
- *
- * Two references keep the bio alive until both the submission has returned
- * and the I/O has completed, whichever comes last (as in the loop driver).
+ * Issue @ii at byte @pos of the file for @bio (and the bios chained from
+ * it). Two references keep the bios alive until both the submission has
+ * returned and the I/O has completed, whichever comes last (as in the
+ * loop driver).
  */
-void qcow2_io_file_submit(struct qcow2_io *io, struct bio *bio, u64 pos)
+static void file_submit_iter(struct qcow2_io *io, struct bio *bio, u64 pos,
+			     struct iov_iter *ii)
 {
 	struct qcow2_bio *pb = dm_per_bio_data(bio, sizeof(*pb));
 	struct file *file = io->file;
-	unsigned int noio, nr_bvec = 0;
-	struct bvec_iter iter;
-	struct iov_iter ii;
-	struct bio_vec bv;
 	bool write = op_is_write(bio_op(bio));
+	unsigned int noio;
 	ssize_t ret;
-
-	bio_for_each_bvec(bv, bio, iter)
-		nr_bvec++;
-	iov_iter_bvec(&ii, write ? ITER_SOURCE : ITER_DEST,
-		      __bvec_iter_bvec(bio->bi_io_vec, bio->bi_iter), nr_bvec,
-		      bio->bi_iter.bi_size);
-	ii.iov_offset = bio->bi_iter.bi_bvec_done;
 
 	atomic_set(&pb->ref, 2);
 	memset(&pb->iocb, 0, sizeof(pb->iocb));
@@ -606,16 +619,183 @@ void qcow2_io_file_submit(struct qcow2_io *io, struct bio *bio, u64 pos)
 		pb->iocb.ki_flags |= IOCB_DSYNC;
 	pb->iocb.ki_ioprio = bio_prio(bio);
 	if (write)
-		io_extend(io, pos + bio->bi_iter.bi_size);
+		io_extend(io, pos + iov_iter_count(ii));
 
 	noio = memalloc_noio_save();
 	if (write)
-		ret = file->f_op->write_iter(&pb->iocb, &ii);
+		ret = file->f_op->write_iter(&pb->iocb, ii);
 	else
-		ret = file->f_op->read_iter(&pb->iocb, &ii);
+		ret = file->f_op->read_iter(&pb->iocb, ii);
 	memalloc_noio_restore(noio);
 
 	file_rw_done(pb);
 	if (ret != -EIOCBQUEUED)
 		file_rw_complete(&pb->iocb, ret);
+}
+
+static unsigned int bio_nr_bvecs(struct bio *bio)
+{
+	struct bvec_iter iter;
+	struct bio_vec bv;
+	unsigned int n = 0;
+
+	bio_for_each_bvec(bv, bio, iter)
+		n++;
+	return n;
+}
+
+/*
+ * Issue the bio's data at byte @pos of the file. This must run in a worker,
+ * never in ->map(): the file system may wait for its own bios, which would
+ * sit on current->bio_list until ->map() returned.
+ */
+void qcow2_io_file_submit(struct qcow2_io *io, struct bio *bio, u64 pos)
+{
+	struct qcow2_bio *pb = dm_per_bio_data(bio, sizeof(*pb));
+	struct iov_iter ii;
+
+	iov_iter_bvec(&ii, op_is_write(bio_op(bio)) ? ITER_SOURCE : ITER_DEST,
+		      __bvec_iter_bvec(bio->bi_io_vec, bio->bi_iter),
+		      bio_nr_bvecs(bio), bio->bi_iter.bi_size);
+	ii.iov_offset = bio->bi_iter.bi_bvec_done;
+	pb->bvec = NULL;
+	bio->bi_next = NULL;
+	file_submit_iter(io, bio, pos, &ii);
+}
+
+/*
+ * Issue the @nr bios chained from @bio, @nr_bvec segments in all, which
+ * continue each other in the file, as one kiocb. False when the segment
+ * array cannot be had: the caller submits them one by one.
+ */
+static bool file_submit_merged(struct qcow2_io *io, struct bio *bio,
+			       unsigned int nr_bvec)
+{
+	struct qcow2_bio *pb = dm_per_bio_data(bio, sizeof(*pb));
+	struct bio_vec *vec, bv;
+	struct bvec_iter iter;
+	struct iov_iter ii;
+	struct bio *b;
+	unsigned int i = 0;
+	size_t len = 0;
+
+	vec = kmalloc_array(nr_bvec, sizeof(*vec), GFP_NOIO | __GFP_NOWARN);
+	if (!vec)
+		return false;
+	for (b = bio; b; b = b->bi_next) {
+		bio_for_each_bvec(bv, b, iter)
+			vec[i++] = bv;
+		len += b->bi_iter.bi_size;
+	}
+	iov_iter_bvec(&ii, op_is_write(bio_op(bio)) ? ITER_SOURCE : ITER_DEST,
+		      vec, nr_bvec, len);
+	pb->bvec = vec;
+	file_submit_iter(io, bio, pb->pos, &ii);
+	return true;
+}
+
+/* Can @b join a submission of @a's kind that ends at byte @end? */
+static bool file_can_merge(struct bio *a, u64 end, struct bio *b)
+{
+	struct qcow2_bio *pb = dm_per_bio_data(b, sizeof(*pb));
+
+	return bio_op(b) == bio_op(a) &&
+	       (b->bi_opf & REQ_FUA) == (a->bi_opf & REQ_FUA) &&
+	       pb->pos == end;
+}
+
+/*
+ * Submit the bios chained from @bio (through bi_next), merging runs that
+ * continue each other in the file (a page cache's 4 KiB write-back bios,
+ * which no request queue merges above a bio-based target) into one
+ * kiocb of at most BIO_MAX_VECS segments.
+ */
+static void file_submit_batch(struct qcow2_io *io, struct bio *bio)
+{
+	struct qcow2_bio *pb;
+	struct bio *last, *next, *b;
+	unsigned int nr, more;
+	u64 end;
+
+	for (; bio; bio = next) {
+		pb = dm_per_bio_data(bio, sizeof(*pb));
+		end = pb->pos + bio->bi_iter.bi_size;
+		nr = bio_nr_bvecs(bio);
+		for (last = bio; (b = last->bi_next); last = b) {
+			if (!file_can_merge(bio, end, b))
+				break;
+			more = bio_nr_bvecs(b);
+			if (nr + more > BIO_MAX_VECS)
+				break;
+			nr += more;
+			end += b->bi_iter.bi_size;
+		}
+		next = last->bi_next;
+		last->bi_next = NULL;
+		if (last != bio && file_submit_merged(io, bio, nr))
+			continue;
+		for (b = bio; b; b = last) {
+			last = b->bi_next;
+			pb = dm_per_bio_data(b, sizeof(*pb));
+			qcow2_io_file_submit(io, b, pb->pos);
+		}
+	}
+}
+
+static void file_submit_work(struct work_struct *work)
+{
+	struct qcow2_bio *pb = container_of(work, struct qcow2_bio, work);
+	struct bio *bio = dm_bio_from_per_bio_data(pb, sizeof(*pb));
+
+	qcow2_io_file_submit(&pb->q->io, bio, pb->pos);
+}
+
+/* Submit what qcow2_io_file_queue() queued, until the queue stays empty. */
+static void io_queue_work(struct work_struct *work)
+{
+	struct qcow2_io *io = container_of(work, struct qcow2_io, queue_work);
+	struct blk_plug plug;
+	struct bio *bio;
+
+	for (;;) {
+		spin_lock(&io->queue_lock);
+		bio = bio_list_get(&io->queue);
+		spin_unlock(&io->queue_lock);
+		if (!bio)
+			return;
+		/* One plug per batch: the file system's bios go down together */
+		blk_start_plug(&plug);
+		file_submit_batch(io, bio);
+		blk_finish_plug(&plug);
+	}
+}
+
+/*
+ * Submit a file bio mapped by ->map() to byte @pos, from a worker (see
+ * qcow2_io_file_submit()). With direct I/O the bios join one queue that
+ * a single work item drains, as in the loop driver: a burst of bios costs
+ * one worker wake-up, and the submissions do not block (the file system
+ * only queues its own bios). Buffered I/O blocks in the submission, so
+ * there each bio keeps a work item of its own and they run concurrently.
+ *
+ * The work item is queued when the queue was empty: otherwise it is
+ * already pending, or running and will find this bio when it looks again.
+ */
+void qcow2_io_file_queue(struct qcow2_io *io, struct bio *bio, u64 pos)
+{
+	struct qcow2_bio *pb = dm_per_bio_data(bio, sizeof(*pb));
+	bool first;
+
+	pb->pos = pos;
+	if (!io->dio) {
+		INIT_WORK(&pb->work, file_submit_work);
+		queue_work(io->wq, &pb->work);
+		return;
+	}
+	spin_lock(&io->queue_lock);
+	first = bio_list_empty(&io->queue);
+	bio_list_add(&io->queue, bio);
+	spin_unlock(&io->queue_lock);
+	if (first)
+		queue_work(io->wq, &io->queue_work);
 }

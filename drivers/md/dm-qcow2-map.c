@@ -355,19 +355,9 @@ static bool sc_narrow(struct qcow2 *q, struct bio *bio,
 	return true;
 }
 
-static void file_io_work(struct work_struct *work)
-{
-	struct qcow2_bio *pb = container_of(work, struct qcow2_bio, work);
-	struct bio *bio = dm_bio_from_per_bio_data(pb, sizeof(*pb));
-
-	qcow2_io_file_submit(&pb->q->io, bio, pb->pos);
-}
-
 static int map_data(struct qcow2 *q, struct bio *bio, u64 pos,
 		    bool in_worker)
 {
-	struct qcow2_bio *pb = dm_per_bio_data(bio, sizeof(*pb));
-
 	if (q->io.dev) {
 		qcow2_io_bdev_remap(&q->io, bio, pos);
 		if (!in_worker)
@@ -380,9 +370,7 @@ static int map_data(struct qcow2 *q, struct bio *bio, u64 pos,
 		return DM_MAPIO_SUBMITTED;
 	}
 	/* Not from ->map(): see qcow2_io_file_submit() */
-	pb->pos = pos;
-	INIT_WORK(&pb->work, file_io_work);
-	queue_work(q->io_wq, &pb->work);
+	qcow2_io_file_queue(&q->io, bio, pos);
 	return DM_MAPIO_SUBMITTED;
 }
 

@@ -1285,8 +1285,8 @@ static int alloc_workqueues(struct qcow2 *q)
 	 * Unbound, as the loop driver's: a bound worker runs on the CPU that
 	 * queued the bio, behind the submitter, while other CPUs idle.
 	 */
-	q->io_wq = alloc_workqueue("kqcow2io", WQ_MEM_RECLAIM | WQ_UNBOUND, 0);
-	return q->io_wq ? 0 : -ENOMEM;
+	q->io.wq = alloc_workqueue("kqcow2io", WQ_MEM_RECLAIM | WQ_UNBOUND, 0);
+	return q->io.wq ? 0 : -ENOMEM;
 }
 
 static void init_state(struct qcow2 *q)
@@ -1779,8 +1779,8 @@ void qcow2_close_image(struct qcow2 *q)
 		q->backing = NULL;
 	}
 
-	if (q->io_wq)
-		destroy_workqueue(q->io_wq);
+	if (q->io.wq)
+		destroy_workqueue(q->io.wq);
 	if (q->meta_wq)
 		destroy_workqueue(q->meta_wq);
 	if (q->sync_wq)

@@ -52,6 +52,12 @@ struct qcow2_io {
 	 */
 	u64 written;
 	struct mutex grow_lock;		/* a file: changes of its size */
+
+	/* A file: data submission, see qcow2_io_file_queue() */
+	struct workqueue_struct *wq;
+	spinlock_t queue_lock;		/* protects @queue */
+	struct bio_list queue;		/* direct I/O bios from ->map() */
+	struct work_struct queue_work;
 };
 
 int qcow2_io_open(struct dm_target *ti, struct qcow2_io *io,
@@ -72,6 +78,7 @@ unsigned int qcow2_buf_to_bvec(struct bio_vec *bv, unsigned int max,
 			       void *buf, size_t len);
 void qcow2_bio_copy_from_buf(struct bio *bio, const void *src);
 void qcow2_io_file_submit(struct qcow2_io *io, struct bio *bio, u64 pos);
+void qcow2_io_file_queue(struct qcow2_io *io, struct bio *bio, u64 pos);
 void qcow2_io_bdev_remap(struct qcow2_io *io, struct bio *bio, u64 pos);
 
 /* ---- Metadata cache (dm-qcow2-cache.c) ---- */
@@ -206,7 +213,6 @@ struct qcow2 {
 	struct list_head frees;		/* refcount decreases waiting for L2 */
 
 	struct workqueue_struct *meta_wq;	/* cache misses, allocation */
-	struct workqueue_struct *io_wq;		/* file data submission */
 	struct workqueue_struct *sync_wq;	/* writeback, events */
 	struct work_struct sync_work;	/* cache full of dirty slices */
 	struct work_struct event_work;	/* dm_table_event() may sleep */
@@ -230,6 +236,7 @@ struct qcow2_bio {
 	struct kiocb iocb;
 	atomic_t ref;			/* file I/O: submitter + completion */
 	long ret;			/* file I/O: result of the kiocb */
+	struct bio_vec *bvec;		/* file I/O: merged bios' segments */
 	u64 pos;			/* file I/O: byte offset in the image */
 	struct hlist_node inflight;	/* allocating write: its clusters */
 	u64 vcluster;			/* the first one */
