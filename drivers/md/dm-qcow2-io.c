@@ -99,6 +99,8 @@ int qcow2_io_open(struct dm_target *ti, struct qcow2_io *io,
 	char dummy;
 
 	memset(io, 0, sizeof(*io));
+	/* What wrote the image before us may not be durable yet */
+	atomic64_set(&io->meta_writes, 1);
 	if (!lookup_bdev(path, &devt) ||
 	    sscanf(path, "%u:%u%c", &major, &minor, &dummy) == 2)
 		return io_open_bdev(ti, io, path, writable);
@@ -361,9 +363,14 @@ int qcow2_io_write_meta(struct qcow2_io *io, void *buf, size_t len, u64 off)
 	if (io->dev && (off > io->size || len > io->size - off))
 		return -ENOSPC;
 	r = io_rw_buf(io, true, buf, len, off, false);
-	if (!r && io->file)
+	if (r)
+		return r;
+	if (io->file)
 		io_extend(io, off + len);
-	return r;
+	atomic64_inc(&io->meta_writes);
+	/* Counted once done, before the caller marks anything clean */
+	smp_mb__after_atomic();
+	return 0;
 }
 
 /* Write whole clusters of data from a segment array, synchronously. */
@@ -402,9 +409,29 @@ int qcow2_io_read_data(struct qcow2_io *io, void *buf, size_t len, u64 off)
 /* Make every completed write durable. */
 int qcow2_io_flush(struct qcow2_io *io)
 {
+	u64 done = atomic64_read(&io->meta_writes);
+	int r;
+
 	if (io->dev)
-		return blkdev_issue_flush(io->dev->bdev);
-	return vfs_fsync(io->file, 1);
+		r = blkdev_issue_flush(io->dev->bdev);
+	else
+		r = vfs_fsync(io->file, 1);
+	/* Every metadata write counted in @done had completed: now durable */
+	if (!r)
+		io_raise(&io->meta_flushed, done);
+	return r;
+}
+
+/*
+ * Is every metadata write completed so far durable? A caller that has
+ * seen a slice clean (written back) and then asks this learns whether
+ * that write-back reached stable storage too.
+ */
+bool qcow2_io_meta_flushed(struct qcow2_io *io)
+{
+	/* After the caller's look at the cache: see qcow2_io_write_meta() */
+	smp_rmb();
+	return READ_ONCE(io->meta_flushed) >= atomic64_read(&io->meta_writes);
 }
 
 /*

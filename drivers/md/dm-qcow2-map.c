@@ -1049,7 +1049,8 @@ static void write_work(struct qcow2 *q, struct bio *bio)
 	if (r == SPAN_IN_PLACE) {
 		inflight_end(q, pb);
 		/* FUA: what maps these clusters must be durable too */
-		r = bio->bi_opf & REQ_FUA ? qcow2_sync(q) : 0;
+		r = bio->bi_opf & REQ_FUA && !qcow2_meta_durable(q) ?
+		    qcow2_sync(q) : 0;
 		if (r)
 			map_complete(bio, r);
 		else
@@ -1401,8 +1402,12 @@ int qcow2_map_bio(struct qcow2 *q, struct bio *bio)
 		return DM_MAPIO_KILL;
 
 	r = map_lookup(q, bio_voff(bio), false, &lk);
-	if (!r && write && bio->bi_opf & REQ_FUA) {
-		/* Workers make the mapping durable before the data */
+	if (!r && write && bio->bi_opf & REQ_FUA && !qcow2_meta_durable(q)) {
+		/*
+		 * Workers make the mapping durable before the data. When it
+		 * is already, a FUA write in place goes on as any other, the
+		 * data written with FUA (a file: O_DSYNC).
+		 */
 		map_extend(q, bio, &lk, true, true);
 		return defer(q, bio);
 	}

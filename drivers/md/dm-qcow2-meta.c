@@ -492,6 +492,19 @@ int qcow2_sync(struct qcow2 *q)
 	return r;
 }
 
+/*
+ * Is every mapping we made durable already? Then a FUA write to a cluster
+ * we own needs no write-back before it, only its own data made durable.
+ * Slices are marked clean only after their write is counted (see
+ * qcow2_io_write_meta()), so none dirty and every counted write flushed
+ * means the tables on disk say what the cache says.
+ */
+bool qcow2_meta_durable(struct qcow2 *q)
+{
+	return !qcow2_cache_nr_dirty(&q->cache) &&
+	       qcow2_io_meta_flushed(&q->io);
+}
+
 static void sync_work_fn(struct work_struct *work)
 {
 	qcow2_sync(container_of(work, struct qcow2, sync_work));

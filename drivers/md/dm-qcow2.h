@@ -53,6 +53,13 @@ struct qcow2_io {
 	u64 written;
 	struct mutex grow_lock;		/* a file: changes of its size */
 
+	/*
+	 * Metadata writes completed, and how many of them the last
+	 * completed flush covers: see qcow2_io_meta_flushed().
+	 */
+	atomic64_t meta_writes;
+	u64 meta_flushed;
+
 	/* A file: data submission, see qcow2_io_file_queue() */
 	struct workqueue_struct *wq;
 	spinlock_t queue_lock;		/* protects @queue */
@@ -69,6 +76,7 @@ int qcow2_io_write_meta(struct qcow2_io *io, void *buf, size_t len, u64 off);
 int qcow2_io_write_data(struct qcow2_io *io, const struct bio_vec *bv,
 			unsigned int nr, size_t len, u64 off);
 int qcow2_io_flush(struct qcow2_io *io);
+bool qcow2_io_meta_flushed(struct qcow2_io *io);
 void qcow2_io_discard(struct qcow2_io *io, u64 off, u64 len);
 int qcow2_io_zero_range(struct qcow2_io *io, u64 off, u64 len);
 void qcow2_io_reserve(struct qcow2_io *io, u64 end);
@@ -254,6 +262,7 @@ const char *qcow2_host_cluster_check(struct qcow2 *q, u64 off);
 const char *qcow2_data_cluster_check(struct qcow2 *q, u64 off);
 const char *qcow2_data_range_check(struct qcow2 *q, u64 off, u64 len);
 int qcow2_sync(struct qcow2 *q);
+bool qcow2_meta_durable(struct qcow2 *q);
 int qcow2_alloc_cluster(struct qcow2 *q, u64 *host);
 int qcow2_alloc_clusters(struct qcow2 *q, u32 n, u64 *host);
 int qcow2_refcount_update(struct qcow2 *q, u64 host, int delta);
