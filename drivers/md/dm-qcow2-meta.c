@@ -454,12 +454,19 @@ static void apply_frees(struct qcow2 *q, struct list_head *frees)
  * refcount decreases whose L2 changes are now on disk; they are written
  * by the next sync.
  */
-static int sync_locked(struct qcow2 *q, struct list_head *frees)
+static int sync_locked(struct qcow2 *q, struct list_head *frees, u64 ticket)
 {
 	int r;
 
 	mutex_lock(&q->sync_lock);
+	/* One that began after the caller took @ticket covers its writes */
+	if (q->sync_done > ticket) {
+		r = q->sync_result;
+		mutex_unlock(&q->sync_lock);
+		return r;
+	}
 	down_write(&q->meta_sem);
+	WRITE_ONCE(q->sync_started, q->sync_started + 1);
 	r = qcow2_cache_write_dirty(&q->cache, QCOW2_SLICE_REFCOUNT);
 	if (!r)
 		r = qcow2_io_flush(&q->io);
@@ -473,6 +480,8 @@ static int sync_locked(struct qcow2 *q, struct list_head *frees)
 		list_splice_tail_init(&q->frees, frees);
 		spin_unlock(&q->lock);
 	}
+	q->sync_done = q->sync_started;
+	q->sync_result = r;
 	up_write(&q->meta_sem);
 	mutex_unlock(&q->sync_lock);
 	if (r)
@@ -480,12 +489,21 @@ static int sync_locked(struct qcow2 *q, struct list_head *frees)
 	return r;
 }
 
+/*
+ * Concurrent callers (a burst of FUA writes or flushes) share writebacks:
+ * each waits for one that began after it came, rather than queueing one
+ * of its own behind the rest.
+ */
 int qcow2_sync(struct qcow2 *q)
 {
 	LIST_HEAD(frees);
+	u64 ticket;
 	int r;
 
-	r = sync_locked(q, &frees);
+	/* The caller's writes are done before we read which sync is current */
+	smp_mb();
+	ticket = READ_ONCE(q->sync_started);
+	r = sync_locked(q, &frees, ticket);
 	mutex_lock(&q->alloc_lock);
 	apply_frees(q, &frees);
 	mutex_unlock(&q->alloc_lock);
@@ -919,7 +937,7 @@ int qcow2_l2_for_write(struct qcow2 *q, u64 voff, u64 *l2_off)
 		goto out;
 	r = write_new_l2(q, old_l2, new_l2);
 	if (!r)
-		r = sync_locked(q, &frees);
+		r = sync_locked(q, &frees, U64_MAX);
 	apply_frees(q, &frees);
 	if (r) {
 		refcount_update_locked(q, new_l2, -1);
@@ -1505,7 +1523,7 @@ static int grow_l1_moved(struct qcow2 *q, u64 size, u32 need, u64 **l1)
 				start);
 	kvfree(buf);
 	if (!r)
-		r = sync_locked(q, &frees);
+		r = sync_locked(q, &frees, U64_MAX);
 	apply_frees(q, &frees);
 	if (r)
 		goto undo;

@@ -209,6 +209,9 @@ struct qcow2 {
 	 */
 	struct mutex alloc_lock;
 	struct mutex sync_lock;		/* one writeback at a time */
+	u64 sync_started;		/* writebacks begun (under meta_sem) */
+	u64 sync_done;			/* the last one finished, and its */
+	int sync_result;		/* result (both under sync_lock) */
 	struct rw_semaphore meta_sem;
 	u64 free_cursor;		/* first cluster that may be free */
 	u64 end_cluster;		/* past the last cluster seen in use */
