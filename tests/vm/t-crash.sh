@@ -121,6 +121,24 @@ io_step() {
 	lw_mark "s$k"
 }
 
+# fua_step K PATTERN "OFF LEN"...: step K writes PATTERN at each (OFF, LEN)
+# at once with O_DSYNC through libaio (direct and asynchronous: FUA
+# writes, and no flush after them), then marks "sK" (see io_step).
+fua_step() {
+	local k=$1 p=$2 ol o l jobs=()
+	shift 2
+	for ol; do
+		read -r o l <<<"$ol"
+		jobs+=(--name="w$o" --offset="$o" --size="$l")
+		echo "$k $p $o $l" >>expect
+	done
+	must fio --filename="$QDEV" --rw=write --bs=4k --direct=1 \
+		--ioengine=libaio --iodepth=4 --sync=1 \
+		--buffer_pattern="$(printf '0x%02x' "$p")" --output=/dev/null \
+		"${jobs[@]}" || return 1
+	lw_mark "s$k"
+}
+
 # ---- checking crash points ---------------------------------------------------
 
 # The step number a mark stands for: sK -> K, none -> 0, the end mark
@@ -373,6 +391,48 @@ test_l2_alloc() {
 		return 1
 	img_check "$img" || return 1
 	cd .. && rm -rf cr-l2
+}
+
+# FUA writes with no flush after them (what a journal commit is): 20
+# steps (CI: 10). Each writes over clusters allocated and flushed
+# earlier (in place, served without a metadata write-back as none is
+# pending), and alternately over clusters a plain write just allocated
+# (in place, but their mapping is not durable yet: it must be written
+# back first) or over new ones (allocating: the metadata goes first). A
+# point past mark sK must show steps 1..K: a FUA write is durable once
+# acknowledged, with the mapping that leads to it. (Steps of the first
+# kind allocate nothing with FUA, so no later write-back in the step
+# would hide a mapping left behind.)
+test_fua_writes() {
+	local img k o
+	newdir cr-fua || return 1
+	img=$PWD/f.qcow2
+	must qemu-img create -q -f qcow2 -o cluster_size=4k "$img" 64M || return 1
+	cp --sparse=always "$img" base.qcow2
+	: >expect
+	lw_up "$img" || return 1
+	# Step 1 allocates what later steps overwrite: no expectation of its own
+	qio -n -f raw -c "write -P 1 0 8M" -c flush "$QDEV" || return 1
+	lw_mark s1
+	for k in $(seq 2 $((CRASH_FULL != 0 ? 21 : 11))); do
+		o=$(((k + 8) << 20))
+		if [ $((k % 2)) = 0 ]; then
+			# Not qemu-io: it flushes the device when it closes it
+			must fio --name=plain --filename="$QDEV" --rw=write \
+				--bs=16k --offset="$o" --size=16k --direct=1 \
+				--ioengine=libaio --buffer_pattern=$((k + 100)) \
+				--output=/dev/null || return 1
+		else
+			o=$((o + 524288))
+		fi
+		fua_step "$k" $((k + 40)) "$((k * 393216)) $((k % 4 * 4096 + 4096))" \
+			"$o $((k % 3 * 4096 + 8192))" || return 1
+	done
+	lw_down || return 1
+	crash_points "$PWD/base.qcow2" "$(crash_max 16 100)" check_point ||
+		return 1
+	img_check "$img" || return 1
+	cd .. && rm -rf cr-fua
 }
 
 # Subclusters: an extended-L2 image (64 KiB clusters, 2 KiB subclusters)
