@@ -180,12 +180,15 @@ prealloc_img() {
 
 # ---- workloads ----------------------------------------------------------------
 
-# name kind spec: fio: rw bs iodepth numjobs; dd: direction bs flag count
+# name kind spec: fio: rw bs iodepth numjobs [fua]; dd: direction bs flag
+# count. "fua": O_DSYNC, which direct asynchronous writes to a block device
+# turn into FUA writes (what a guest's journal commits are).
 WORKLOADS="
 rr4k-q1   fio randread  4k 1  1
 rr4k-q32  fio randread  4k 32 1
 rw4k-q1   fio randwrite 4k 1  1
 rw4k-q32  fio randwrite 4k 32 1
+rw4k-fua-q32 fio randwrite 4k 32 1 fua
 rrw4k-q1  fio randrw    4k 1  1
 rrw4k-q32 fio randrw    4k 32 1
 rr4k-j4   fio randread  4k 1  4
@@ -271,11 +274,11 @@ cpu_window() {
 
 # run_one STATE DEVKIND WORKLOAD [SIZE_LIMIT]: run on $DEV, append a record.
 run_one() {
-	local state=$1 dk=$2 wl=$3 lim=${4:-$SIZE} kind a b c d u0 s0 u1 s1
+	local state=$1 dk=$2 wl=$3 lim=${4:-$SIZE} kind a b c d e u0 s0 u1 s1
 	local raw=$W/out.txt rc cache bs count win wcs wu ws wsec wst f t0=$SECONDS
 	# shellcheck disable=SC2046
-	set -- $(echo "$WORKLOADS" | awk -v w="$wl" '$1 == w {print $2, $3, $4, $5, $6}')
-	kind=$1 a=$2 b=$3 c=$4 d=${5:-}
+	set -- $(echo "$WORKLOADS" | awk -v w="$wl" '$1 == w {print $2, $3, $4, $5, $6, $7}')
+	kind=$1 a=$2 b=$3 c=$4 d=${5:-} e=${6:-}
 	read -r u0 s0 < <(cpu_ticks)
 	rm -f "$W/win.txt" "$W/run.done"
 	cpu_window "$DEV" "$W/win.txt" &
@@ -284,7 +287,8 @@ run_one() {
 	fio)
 		fio --name="$wl" --filename="$DEV" --rw="$a" --bs="$b" \
 			--iodepth="$c" --numjobs="$d" --direct=1 --ioengine=libaio \
-			--size="$lim" --time_based --runtime="$RT" --group_reporting \
+			${e:+--sync=1} --size="$lim" --time_based --runtime="$RT" \
+			--group_reporting \
 			--randrepeat=0 --norandommap --output-format=json \
 			--output="$raw" >/dev/null 2>&1
 		rc=$?
