@@ -676,18 +676,24 @@ static unsigned int bio_nr_bvecs(struct bio *bio)
  * never in ->map(): the file system may wait for its own bios, which would
  * sit on current->bio_list until ->map() returned.
  */
-void qcow2_io_file_submit(struct qcow2_io *io, struct bio *bio, u64 pos)
+static void file_submit_bio(struct qcow2_io *io, struct bio *bio, u64 pos,
+			    unsigned int nr_bvec)
 {
 	struct qcow2_bio *pb = dm_per_bio_data(bio, sizeof(*pb));
 	struct iov_iter ii;
 
 	iov_iter_bvec(&ii, op_is_write(bio_op(bio)) ? ITER_SOURCE : ITER_DEST,
-		      __bvec_iter_bvec(bio->bi_io_vec, bio->bi_iter),
-		      bio_nr_bvecs(bio), bio->bi_iter.bi_size);
+		      __bvec_iter_bvec(bio->bi_io_vec, bio->bi_iter), nr_bvec,
+		      bio->bi_iter.bi_size);
 	ii.iov_offset = bio->bi_iter.bi_bvec_done;
 	pb->bvec = NULL;
 	bio->bi_next = NULL;
 	file_submit_iter(io, bio, pos, &ii);
+}
+
+void qcow2_io_file_submit(struct qcow2_io *io, struct bio *bio, u64 pos)
+{
+	file_submit_bio(io, bio, pos, bio_nr_bvecs(bio));
 }
 
 /*
@@ -759,7 +765,11 @@ static void file_submit_batch(struct qcow2_io *io, struct bio *bio)
 		}
 		next = last->bi_next;
 		last->bi_next = NULL;
-		if (last != bio && file_submit_merged(io, bio, nr))
+		if (last == bio) {
+			file_submit_bio(io, bio, pb->pos, nr);
+			continue;
+		}
+		if (file_submit_merged(io, bio, nr))
 			continue;
 		for (b = bio; b; b = last) {
 			last = b->bi_next;

@@ -466,6 +466,11 @@ static int sync_locked(struct qcow2 *q, struct list_head *frees, u64 ticket)
 		return r;
 	}
 	down_write(&q->meta_sem);
+	/*
+	 * Numbered with meta_sem held for writing: a slice change either
+	 * came before this number (and this write-back covers it) or waits
+	 * until the write-back is done (and its caller's ticket is this one).
+	 */
 	WRITE_ONCE(q->sync_started, q->sync_started + 1);
 	r = qcow2_cache_write_dirty(&q->cache, QCOW2_SLICE_REFCOUNT);
 	if (!r)
