@@ -6,14 +6,18 @@
 # runs in a subshell, between two kernel log markers: it fails if it
 # returns non-zero or if the kernel log of that case shows a splat.
 # Results go to $VM_OUT/results.txt (one "PASS name" / "FAIL name" line
-# each); the last line printed is "N passed, N failed".
+# each), the seconds each case took to $VM_OUT/times.txt ("name seconds",
+# for balancing the suite's jobs); the last line printed is
+# "N passed, N failed".
 set -u
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 # shellcheck source=tests/vm/lib.sh
 . "$here/lib.sh"
 results=${VM_OUT:-/tmp}/results.txt
+times=${VM_OUT:-/tmp}/times.txt
 : >"$results"
+: >"$times"
 passed=0
 failed=0
 
@@ -52,7 +56,7 @@ setup_modules() {
 }
 
 run_case() {
-	local name=$1 fn=$2 mark
+	local name=$1 fn=$2 mark start=$SECONDS
 	mark="dm-qcow2-test: begin $name $$-$RANDOM"
 	echo "$mark" >/dev/kmsg
 	echo "--- $name"
@@ -67,6 +71,8 @@ run_case() {
 		record FAIL "$name"
 	fi
 	cleanup_all
+	echo "$name $((SECONDS - start))" >>"$times"
+	echo "  $((SECONDS - start)) s"
 }
 
 # Each file is read in a subshell of its own: a file may redefine a helper

@@ -1,12 +1,32 @@
 # shellcheck shell=bash
 # The VM suite as scripts/run-tests (CI) and scripts/debug-kernel run it,
-# in one place. SUITE_SPECS: every case but variants that only repeat a
-# case on the other backend (t-corrupt *_loop) or in another geometry
-# (two subcluster variants); "scripts/run-tests t-corrupt.sh t-feature.sh"
-# runs them all. The last spec unloads the module.
+# in one place: every case but variants that only repeat a case on the
+# other backend (t-corrupt *_loop) or in another geometry (two subcluster
+# variants); "scripts/run-tests t-corrupt.sh t-feature.sh" runs them all.
+#
+# SUITE_JOBS: the suite in groups of specs, one guest boot each, the
+# longest first; scripts/run-tests runs them in lanes side by side (each
+# guest keeps about one host core busy), and "boot-test" stands for
+# scripts/boot-test. Every guest starts without the module; the job
+# holding t-module.sh checks that it loads on demand and unloads.
+# SUITE_SPECS: the same specs as one list for a single guest (autoload
+# first, unload last), as scripts/debug-kernel runs it.
 # shellcheck disable=SC2034 # used by the scripts that source this
-SUITE_SPECS=(t-module.sh:autoload t-read.sh t-refuse.sh t-write.sh
+SUITE_JOBS=(t-write.sh t-crash.sh t-fault.sh
 	't-feature.sh:^test_([^s]|s[^c]|sc_[^c]|sc_c[^12]|sc_co)'
-	t-crash.sh t-users.sh t-mutate.sh t-fault.sh
+	t-mutate.sh boot-test t-users.sh
 	't-corrupt.sh:^test_[a-z0-9_]*[^p]$'
-	t-module.sh:unload)
+	't-module.sh:autoload t-read.sh t-refuse.sh t-module.sh:unload')
+
+SUITE_SPECS=(t-module.sh:autoload)
+for _job in "${SUITE_JOBS[@]}"; do
+	read -ra _specs <<<"$_job"
+	for _spec in "${_specs[@]}"; do
+		case $_spec in
+		boot-test | t-module.sh:*) ;;
+		*) SUITE_SPECS+=("$_spec") ;;
+		esac
+	done
+done
+SUITE_SPECS+=(t-module.sh:unload)
+unset _job _spec _specs
