@@ -5,9 +5,14 @@
 # scratch virtio disk formatted ext4.
 #
 # Usage: bench-guest.sh [--quick] [--runtime SEC] [--only REGEX]
+#                       [--rounds N]
 #   --quick        256 MiB images, 2 s runs, four workloads (a smoke run)
 #   --runtime SEC  seconds per fio/dd run (default 5, 2 with --quick)
 #   --only REGEX   run only the workloads whose name matches
+#   --rounds N     run every workload N times on each device (default 1);
+#                  each round starts with the next device of the list, so
+#                  no device always runs first, and the report takes the
+#                  median of the rounds
 #
 # Each run leaves its output and a .meta line in $VM_OUT/raw/ (parsed by
 # tests/vm/bench-report.py, which makes the tables and the chart on the
@@ -27,14 +32,19 @@ QUICK_ONLY='^(rr4k-q32|rw4k-q32|sw1m|dd-w4k-direct)$'
 quick=
 runtime=
 only=.
+ROUNDS=1
 while [ $# -gt 0 ]; do
 	case $1 in
 	--quick) quick=1; [ "$only" != . ] || only=$QUICK_ONLY; shift ;;
 	--runtime) runtime=$2; shift 2 ;;
 	--only) only=$2; shift 2 ;;
-	*) echo "usage: $0 [--quick] [--runtime SEC] [--only REGEX]" >&2; exit 2 ;;
+	--rounds) ROUNDS=$2; shift 2 ;;
+	*) echo "usage: $0 [--quick] [--runtime SEC] [--only REGEX] [--rounds N]" >&2
+	   exit 2 ;;
 	esac
 done
+[[ $ROUNDS =~ ^[1-9][0-9]*$ ]] || { echo "bad --rounds: $ROUNDS" >&2; exit 2; }
+ROUND=1
 if [ -n "$quick" ]; then
 	SIZE_MB=256 RT=${runtime:-2} DD_BIG=1
 else
@@ -57,7 +67,10 @@ setup() {
 	[ "${VM_GUEST:-}" = 1 ] || { say "run me through scripts/bench"; return 1; }
 	mkdir -p "$SCRATCH" || return 1
 	if [ -b /dev/vda ]; then
-		mkfs.ext4 -q -F /dev/vda && mount /dev/vda "$SCRATCH" || return 1
+		# Inode tables and journal written now: ext4's lazy init would
+		# otherwise write them in the background under the first runs
+		mkfs.ext4 -q -F -E lazy_itable_init=0,lazy_journal_init=0 \
+			/dev/vda && mount /dev/vda "$SCRATCH" || return 1
 	else
 		say "no /dev/vda: images on tmpfs, figures meaningless"
 		mount -t tmpfs -o size=6g tmpfs "$SCRATCH" || return 1
@@ -279,6 +292,7 @@ run_one() {
 	# shellcheck disable=SC2046
 	set -- $(echo "$WORKLOADS" | awk -v w="$wl" '$1 == w {print $2, $3, $4, $5, $6, $7}')
 	kind=$1 a=$2 b=$3 c=$4 d=${5:-} e=${6:-}
+	settle
 	read -r u0 s0 < <(cpu_ticks)
 	rm -f "$W/win.txt" "$W/run.done"
 	cpu_window "$DEV" "$W/win.txt" &
@@ -322,16 +336,40 @@ run_one() {
 		"usr_ticks=$((u1 - u0)) sys_ticks=$((s1 - s0)) hz=$(getconf CLK_TCK)" \
 		"cache=$cache bs=$(numfmt --from=iec "${b^^}") win_cs=$wcs" \
 		"win_usr=$wu win_sys=$ws win_sectors=$wsec start_cs=$wst" \
-		"wall=$((SECONDS - t0))" \
+		"wall=$((SECONDS - t0)) round=$ROUND" \
 		>"$f.meta"
-	say "$state $dk $wl: rc $rc, $((SECONDS - t0)) s (first I/O after ${wst}0 ms)"
+	say "$state $dk $wl (round $ROUND): rc $rc, $((SECONDS - t0)) s (first I/O after ${wst}0 ms)"
 }
 
 # ---- the runs -------------------------------------------------------------------
 
+# The devices in round $ROUND's order: the list rotated by one a round.
+round_devs() {
+	local -a d
+	read -ra d <<<"$DEVS"
+	local n=${#d[@]} i
+	for ((i = 0; i < n; i++)); do
+		printf '%s ' "${d[$(((i + ROUND - 1) % n))]}"
+	done
+}
+
+# Wait until nothing has been written to the scratch disk for a second
+# (write-back of the image preparation, journal commits), up to 60 s.
+settle() {
+	local a b
+	sync
+	for _ in $(seq 60); do
+		a=$(cat /sys/block/vda/stat 2>/dev/null)
+		sleep 1
+		b=$(cat /sys/block/vda/stat 2>/dev/null)
+		[ "$(echo "$a" | awk '{print $7}')" != \
+		  "$(echo "$b" | awk '{print $7}')" ] || return 0
+	done
+}
+
 run_prealloc() {
 	local dk img wl
-	for dk in $DEVS; do
+	for dk in $(round_devs); do
 		img=$(prealloc_img "$dk")
 		dev_up "$dk" "$img" || { say "cannot serve $img as $dk"; dev_down; continue; }
 		for wl in $(echo "$WORKLOADS" | awk 'NF {print $1}' | grep -E -- "$only"); do
@@ -343,7 +381,7 @@ run_prealloc() {
 
 run_empty() {
 	local dk img wl
-	for dk in $DEVS; do
+	for dk in $(round_devs); do
 		for wl in $(echo "$WORKLOADS" | awk 'NF {print $1}' | grep -E -- "$only"); do
 			is_read "$wl" && continue
 			img=$(empty_img "$dk") || { say "no image"; continue; }
@@ -376,7 +414,7 @@ run_big() {
 start=$SECONDS
 setup || { say "setup failed"; exit 1; }
 {
-	echo "mode=$([ -n "$quick" ] && echo quick || echo full) size_mb=$SIZE_MB runtime=$RT"
+	echo "mode=$([ -n "$quick" ] && echo quick || echo full) size_mb=$SIZE_MB runtime=$RT rounds=$ROUNDS"
 	echo "kernel=$(uname -r) cpus=$(nproc)"
 	grep -m1 'model name' /proc/cpuinfo
 	fio --version
@@ -384,11 +422,17 @@ setup || { say "setup failed"; exit 1; }
 } >"$OUT/bench-env.txt"
 say "preparing the preallocated images ($SIZE_MB MiB)"
 prealloc_imgs || { say "cannot make the images"; exit 1; }
+settle
 say "prealloc images ready after $((SECONDS - start)) s"
-run_prealloc
+for ((ROUND = 1; ROUND <= ROUNDS; ROUND++)); do
+	run_prealloc
+done
 rm -f "$W"/pre.*
 say "prealloc done after $((SECONDS - start)) s"
-run_empty
+for ((ROUND = 1; ROUND <= ROUNDS; ROUND++)); do
+	run_empty
+done
+ROUND=1
 say "empty done after $((SECONDS - start)) s"
 run_big
 say "all done after $((SECONDS - start)) s"

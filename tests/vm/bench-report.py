@@ -14,8 +14,10 @@ import json
 import os
 import re
 import shutil
+import statistics
 import subprocess
 import sys
+from collections import defaultdict
 
 DEVS = ["dm-file", "dm-loop", "loop-raw", "qemu-nbd"]
 NOTE = ("These figures come from a guest under emulation (TCG) on a small "
@@ -101,7 +103,7 @@ def make_record(kind, path, args):
     if "/" in cache:
         used, cmax = cache.split("/")
         rec["cache_bytes"], rec["cache_max"] = int(used), int(cmax)
-    for k in ("start_cs", "wall"):
+    for k in ("start_cs", "wall", "round"):
         if meta.get(k, "").isdigit():
             rec[k] = int(meta[k])
     return rec
@@ -118,6 +120,11 @@ def value_of(rec):
     if rec is None or "error" in rec or rec.get("rc", 0) != 0:
         return None
     return rec["iops"] if unit_of(rec["wl"]) == "IOPS" else rec["mbps"]
+
+
+def median(xs):
+    xs = [x for x in xs if x is not None]
+    return statistics.median(xs) if xs else None
 
 
 def ratio(a, b):
@@ -166,7 +173,30 @@ def cmd_report(args):
     with open(os.path.join(d, "records.jsonl"), "w") as f:
         for r in recs:
             f.write(json.dumps(r, sort_keys=True) + "\n")
-    by = {(r["state"], r["dev"], r["wl"]): r for r in recs}
+    # Several rounds of a run: the median of each figure (see --rounds)
+    runs = defaultdict(list)
+    for r in recs:
+        runs[(r["state"], r["dev"], r["wl"])].append(r)
+    by = {k: v[-1] for k, v in runs.items()}
+    nrounds = max([r.get("round", 1) for r in recs] + [1])
+
+    def val(st, dv, wl):
+        return median([value_of(r) for r in runs.get((st, dv, wl), [])])
+
+    def cpu(st, dv, wl, usr=False):
+        return median([sys_us_per_io(r, usr)
+                       for r in runs.get((st, dv, wl), [])])
+
+    def spread(st, wl):
+        """dm-file over loop-raw in each round: lowest-highest."""
+        per = {}
+        for r in runs.get((st, "dm-file", wl), []):
+            for o in runs.get((st, "loop-raw", wl), []):
+                if o.get("round", 1) == r.get("round", 1):
+                    per[r.get("round", 1)] = ratio(value_of(r), value_of(o))
+        xs = [x for x in per.values() if x is not None]
+        return "%.2f-%.2f" % (min(xs), max(xs)) if xs else "-"
+
     order = []
     for r in recs:
         k = (r["state"], r["wl"])
@@ -180,13 +210,15 @@ def cmd_report(args):
         with open(p) as f:
             env = f.read().strip()
 
-    headers = ["state", "workload", "unit"] + DEVS + [
-        "dm-file/loop", "dm-file/nbd", "dm-loop/loop", "dm-loop/nbd",
-        "nbd/loop"]
+    ratio_cols = ["dm-file/loop", "dm-file/nbd", "dm-loop/loop",
+                  "dm-loop/nbd", "nbd/loop"]
+    headers = ["state", "workload", "unit"] + DEVS + ratio_cols
+    if nrounds > 1:
+        headers.append("dm-file/loop by round")
     rows = []
     summary = []
     for st, wl in order:
-        v = {dv: value_of(by.get((st, dv, wl))) for dv in DEVS}
+        v = {dv: val(st, dv, wl) for dv in DEVS}
         rr = {
             "dm-file/loop": ratio(v["dm-file"], v["loop-raw"]),
             "dm-file/nbd": ratio(v["dm-file"], v["qemu-nbd"]),
@@ -194,10 +226,13 @@ def cmd_report(args):
             "dm-loop/nbd": ratio(v["dm-loop"], v["qemu-nbd"]),
             "nbd/loop": ratio(v["qemu-nbd"], v["loop-raw"]),
         }
-        rows.append([st, wl, unit_of(wl)] + [fmt(v[dv]) for dv in DEVS] +
-                    [fmt(rr[k], 2) for k in headers[7:]])
+        row = [st, wl, unit_of(wl)] + [fmt(v[dv]) for dv in DEVS] + \
+            [fmt(rr[k], 2) for k in ratio_cols]
+        if nrounds > 1:
+            row.append(spread(st, wl))
+        rows.append(row)
         summary.append({"state": st, "workload": wl, "unit": unit_of(wl),
-                        "values": v, "ratios": rr})
+                        "values": v, "ratios": rr, "rounds": nrounds})
     main_txt, main_md = table(headers, rows)
 
     # CPU: system time of the whole guest per I/O, against loop-raw
@@ -205,8 +240,8 @@ def cmd_report(args):
         "dm-file/loop", "dm-loop/loop", "nbd/loop", "nbd usr+sys us"]
     crows = []
     for st, wl in order:
-        s = {dv: sys_us_per_io(by.get((st, dv, wl))) for dv in DEVS}
-        tot = sys_us_per_io(by.get((st, "qemu-nbd", wl)), usr=True)
+        s = {dv: cpu(st, dv, wl) for dv in DEVS}
+        tot = cpu(st, "qemu-nbd", wl, usr=True)
         crows.append([st, wl] + [fmt(s[dv], 1) for dv in DEVS] +
                      [fmt(ratio(s["dm-file"], s["loop-raw"]), 2),
                       fmt(ratio(s["dm-loop"], s["loop-raw"]), 2),
@@ -255,7 +290,9 @@ def cmd_report(args):
         "the rest. Ratios: a device's figure over loop-raw's (loop with "
         "direct I/O on a raw file: preallocated with data for 'prealloc', "
         "sparse for 'empty') and over qemu-nbd's (cache=none, aio=native, "
-        "on the same qcow2 image), in the same state.",
+        "on the same qcow2 image), in the same state. With several rounds "
+        "each figure is the median of the rounds, and the last column "
+        "gives the lowest and highest dm-file/loop-raw ratio of a round.",
         "",
     ]
     sections = [
