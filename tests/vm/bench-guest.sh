@@ -5,7 +5,7 @@
 # scratch virtio disk formatted ext4.
 #
 # Usage: bench-guest.sh [--quick] [--runtime SEC] [--only REGEX]
-#                       [--rounds N]
+#                       [--rounds N] [--profile]
 #   --quick        256 MiB images, 2 s runs, four workloads (a smoke run)
 #   --runtime SEC  seconds per fio/dd run (default 5, 2 with --quick)
 #   --only REGEX   run only the workloads whose name matches
@@ -13,6 +13,9 @@
 #                  each round starts with the next device of the list, so
 #                  no device always runs first, and the report takes the
 #                  median of the rounds
+#   --profile      sample every CPU with perf during each run (perf record
+#                  -a -g, the kernel's symbols) and leave the report of
+#                  where system time went in $VM_OUT/raw/*.perf.txt
 #
 # Each run leaves its output and a .meta line in $VM_OUT/raw/ (parsed by
 # tests/vm/bench-report.py, which makes the tables and the chart on the
@@ -33,13 +36,15 @@ quick=
 runtime=
 only=.
 ROUNDS=1
+PROFILE=
 while [ $# -gt 0 ]; do
 	case $1 in
 	--quick) quick=1; [ "$only" != . ] || only=$QUICK_ONLY; shift ;;
 	--runtime) runtime=$2; shift 2 ;;
 	--only) only=$2; shift 2 ;;
 	--rounds) ROUNDS=$2; shift 2 ;;
-	*) echo "usage: $0 [--quick] [--runtime SEC] [--only REGEX] [--rounds N]" >&2
+	--profile) PROFILE=1; shift ;;
+	*) echo "usage: $0 [--quick] [--runtime SEC] [--only REGEX] [--rounds N] [--profile]" >&2
 	   exit 2 ;;
 	esac
 done
@@ -285,6 +290,33 @@ cpu_window() {
 	echo "$((b1 - a1)) $((b2 - a2)) $((b3 - a3)) $((b4 - a4)) $((a1 - t00))" >"$2"
 }
 
+# --profile: perf samples every CPU while a run goes on (kernel call
+# chains; fio's own user time is left out), and a report of the symbols
+# that took the samples, with their callers.
+PROF_PID=
+prof_start() {
+	[ -n "$PROFILE" ] || return 0
+	perf record -q -a -g -F 499 -e cpu-clock -o "$W/perf.data" \
+		-- sleep $((RT + 2)) >/dev/null 2>&1 &
+	PROF_PID=$!
+}
+
+prof_stop() {
+	[ -n "$PROF_PID" ] || return 0
+	kill -INT "$PROF_PID" 2>/dev/null
+	wait "$PROF_PID"
+	PROF_PID=
+}
+
+prof_report() {
+	[ -n "$PROFILE" ] && [ -f "$W/perf.data" ] || return 0
+	{
+		perf report -i "$W/perf.data" --stdio --no-children \
+			--sort sym --percent-limit 1 -g caller,0.5,2 2>/dev/null
+	} >"$1"
+	rm -f "$W/perf.data"
+}
+
 # run_one STATE DEVKIND WORKLOAD [SIZE_LIMIT]: run on $DEV, append a record.
 run_one() {
 	local state=$1 dk=$2 wl=$3 lim=${4:-$SIZE} kind a b c d e u0 s0 u1 s1
@@ -297,6 +329,7 @@ run_one() {
 	rm -f "$W/win.txt" "$W/run.done"
 	cpu_window "$DEV" "$W/win.txt" &
 	win=$!
+	prof_start
 	case $kind in
 	fio)
 		fio --name="$wl" --filename="$DEV" --rw="$a" --bs="$b" \
@@ -326,12 +359,14 @@ run_one() {
 	read -r u1 s1 < <(cpu_ticks)
 	touch "$W/run.done"
 	wait "$win"
+	prof_stop
 	read -r wcs wu ws wsec wst <"$W/win.txt" || wcs=0 wu=0 ws=0 wsec=0 wst=0
 	cache=$(dev_cache)
 	# Parsed on the host (bench-report.py): python costs seconds under TCG
 	NRUN=$((NRUN + 1))
 	f=$RAW/$(printf %03d $NRUN)-$state-$dk-$wl
 	mv "$raw" "$f.out" 2>/dev/null || : >"$f.out"
+	prof_report "$f.perf.txt"
 	echo "kind=$kind state=$state dev=$dk wl=$wl rc=$rc" \
 		"usr_ticks=$((u1 - u0)) sys_ticks=$((s1 - s0)) hz=$(getconf CLK_TCK)" \
 		"cache=$cache bs=$(numfmt --from=iec "${b^^}") win_cs=$wcs" \
@@ -414,7 +449,7 @@ run_big() {
 start=$SECONDS
 setup || { say "setup failed"; exit 1; }
 {
-	echo "mode=$([ -n "$quick" ] && echo quick || echo full) size_mb=$SIZE_MB runtime=$RT rounds=$ROUNDS"
+	echo "mode=$([ -n "$quick" ] && echo quick || echo full) size_mb=$SIZE_MB runtime=$RT rounds=$ROUNDS${PROFILE:+ profiled}"
 	echo "kernel=$(uname -r) cpus=$(nproc)"
 	grep -m1 'model name' /proc/cpuinfo
 	fio --version
