@@ -5,7 +5,7 @@
 # scratch virtio disk formatted ext4.
 #
 # Usage: bench-guest.sh [--quick] [--runtime SEC] [--only REGEX]
-#                       [--rounds N] [--profile]
+#                       [--rounds N] [--profile] [--states REGEX]
 #   --quick        256 MiB images, 2 s runs, four workloads (a smoke run)
 #   --runtime SEC  seconds per fio/dd run (default 5, 2 with --quick)
 #   --only REGEX   run only the workloads whose name matches
@@ -13,6 +13,8 @@
 #                  each round starts with the next device of the list, so
 #                  no device always runs first, and the report takes the
 #                  median of the rounds
+#   --states REGEX which of the states prealloc, empty and big (the 1 TiB
+#                  and 1 GiB images) to run (default: all)
 #   --profile      sample every CPU with perf during each run (perf record
 #                  -a -g, the kernel's symbols) and leave the report of
 #                  where system time went in $VM_OUT/raw/*.perf.txt
@@ -37,6 +39,7 @@ runtime=
 only=.
 ROUNDS=1
 PROFILE=
+STATES=.
 while [ $# -gt 0 ]; do
 	case $1 in
 	--quick) quick=1; [ "$only" != . ] || only=$QUICK_ONLY; shift ;;
@@ -44,7 +47,8 @@ while [ $# -gt 0 ]; do
 	--only) only=$2; shift 2 ;;
 	--rounds) ROUNDS=$2; shift 2 ;;
 	--profile) PROFILE=1; shift ;;
-	*) echo "usage: $0 [--quick] [--runtime SEC] [--only REGEX] [--rounds N] [--profile]" >&2
+	--states) STATES=$2; shift 2 ;;
+	*) echo "usage: $0 [--quick] [--runtime SEC] [--only REGEX] [--rounds N] [--profile] [--states REGEX]" >&2
 	   exit 2 ;;
 	esac
 done
@@ -455,21 +459,25 @@ setup || { say "setup failed"; exit 1; }
 	fio --version
 	qemu-nbd --version | head -n 1
 } >"$OUT/bench-env.txt"
-say "preparing the preallocated images ($SIZE_MB MiB)"
-prealloc_imgs || { say "cannot make the images"; exit 1; }
-settle
-say "prealloc images ready after $((SECONDS - start)) s"
-for ((ROUND = 1; ROUND <= ROUNDS; ROUND++)); do
-	run_prealloc
-done
-rm -f "$W"/pre.*
-say "prealloc done after $((SECONDS - start)) s"
-for ((ROUND = 1; ROUND <= ROUNDS; ROUND++)); do
-	run_empty
-done
+if [[ prealloc =~ $STATES ]]; then
+	say "preparing the preallocated images ($SIZE_MB MiB)"
+	prealloc_imgs || { say "cannot make the images"; exit 1; }
+	settle
+	say "prealloc images ready after $((SECONDS - start)) s"
+	for ((ROUND = 1; ROUND <= ROUNDS; ROUND++)); do
+		run_prealloc
+	done
+	rm -f "$W"/pre.*
+	say "prealloc done after $((SECONDS - start)) s"
+fi
+if [[ empty =~ $STATES ]]; then
+	for ((ROUND = 1; ROUND <= ROUNDS; ROUND++)); do
+		run_empty
+	done
+	say "empty done after $((SECONDS - start)) s"
+fi
 ROUND=1
-say "empty done after $((SECONDS - start)) s"
-run_big
+[[ big =~ $STATES ]] && run_big
 say "all done after $((SECONDS - start)) s"
 echo "guest_seconds=$((SECONDS - start))" >>"$OUT/bench-env.txt"
 cleanup_all
