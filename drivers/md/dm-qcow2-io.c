@@ -691,7 +691,7 @@ static void file_submit_bio(struct qcow2_io *io, struct bio *bio, u64 pos,
 	file_submit_iter(io, bio, pos, &ii);
 }
 
-void qcow2_io_file_submit(struct qcow2_io *io, struct bio *bio, u64 pos)
+static void file_submit_one(struct qcow2_io *io, struct bio *bio, u64 pos)
 {
 	file_submit_bio(io, bio, pos, bio_nr_bvecs(bio));
 }
@@ -774,7 +774,7 @@ static void file_submit_batch(struct qcow2_io *io, struct bio *bio)
 		for (b = bio; b; b = last) {
 			last = b->bi_next;
 			pb = dm_per_bio_data(b, sizeof(*pb));
-			qcow2_io_file_submit(io, b, pb->pos);
+			file_submit_one(io, b, pb->pos);
 		}
 	}
 }
@@ -784,7 +784,44 @@ static void file_submit_work(struct work_struct *work)
 	struct qcow2_bio *pb = container_of(work, struct qcow2_bio, work);
 	struct bio *bio = dm_bio_from_per_bio_data(pb, sizeof(*pb));
 
-	qcow2_io_file_submit(&pb->q->io, bio, pb->pos);
+	file_submit_one(&pb->q->io, bio, pb->pos);
+}
+
+/*
+ * Sort a chain of queued bios by their place in the file, stably, so that
+ * bios which continue each other meet in file_submit_batch() even when
+ * their workers queued them out of order. Bios in flight together have no
+ * order between them.
+ */
+static struct bio *file_sort(struct bio *list)
+{
+	struct bio *a = list, *b, *mid, **tail, *out;
+	struct qcow2_bio *pa, *pb;
+
+	if (!list || !list->bi_next)
+		return list;
+	/* Split in two halves: @mid steps twice as fast as @a */
+	for (mid = list->bi_next; mid && mid->bi_next; mid = mid->bi_next->bi_next)
+		a = a->bi_next;
+	b = a->bi_next;
+	a->bi_next = NULL;
+	a = file_sort(list);
+	b = file_sort(b);
+	tail = &out;
+	while (a && b) {
+		pa = dm_per_bio_data(a, sizeof(*pa));
+		pb = dm_per_bio_data(b, sizeof(*pb));
+		if (pb->pos < pa->pos) {
+			*tail = b;
+			b = b->bi_next;
+		} else {
+			*tail = a;
+			a = a->bi_next;
+		}
+		tail = &(*tail)->bi_next;
+	}
+	*tail = a ? a : b;
+	return out;
 }
 
 /* Submit what qcow2_io_file_queue() queued, until the queue stays empty. */
@@ -802,28 +839,36 @@ static void io_queue_work(struct work_struct *work)
 			return;
 		/* One plug per batch: the file system's bios go down together */
 		blk_start_plug(&plug);
-		file_submit_batch(io, bio);
+		file_submit_batch(io, file_sort(bio));
 		blk_finish_plug(&plug);
 	}
 }
 
 /*
- * Submit a file bio mapped by ->map() to byte @pos, from a worker (see
- * qcow2_io_file_submit()). With direct I/O the bios join one queue that
- * a single work item drains, as in the loop driver: a burst of bios costs
- * one worker wake-up, and the submissions do not block (the file system
- * only queues its own bios). Buffered I/O blocks in the submission, so
- * there each bio keeps a work item of its own and they run concurrently.
+ * Submit a file bio mapped to byte @pos from a worker (see
+ * file_submit_bio()), never from ->map() itself. With direct I/O the bios
+ * join one queue that a single work item drains, as in the loop driver:
+ * a burst of bios costs one worker wake-up, the submissions do not block
+ * (the file system only queues its own bios), and bios that continue
+ * each other merge, whether ->map() or the mapping workers (@in_worker)
+ * queued them. Buffered I/O blocks in the submission: there a mapping
+ * worker submits the bio itself, and a bio from ->map() gets a work item
+ * of its own, so that they run concurrently.
  *
  * The work item is queued when the queue was empty: otherwise it is
  * already pending, or running and will find this bio when it looks again.
  */
-void qcow2_io_file_queue(struct qcow2_io *io, struct bio *bio, u64 pos)
+void qcow2_io_file_queue(struct qcow2_io *io, struct bio *bio, u64 pos,
+			 bool in_worker)
 {
 	struct qcow2_bio *pb = dm_per_bio_data(bio, sizeof(*pb));
 	bool first;
 
 	pb->pos = pos;
+	if (!io->dio && in_worker) {
+		file_submit_one(io, bio, pos);
+		return;
+	}
 	if (!io->dio) {
 		INIT_WORK(&pb->work, file_submit_work);
 		queue_work(io->wq, &pb->work);

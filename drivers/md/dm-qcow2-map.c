@@ -365,12 +365,12 @@ static int map_data(struct qcow2 *q, struct bio *bio, u64 pos,
 		dm_submit_bio_remap(bio, NULL);
 		return DM_MAPIO_SUBMITTED;
 	}
-	if (in_worker) {
-		qcow2_io_file_submit(&q->io, bio, pos);
-		return DM_MAPIO_SUBMITTED;
-	}
-	/* Not from ->map(): see qcow2_io_file_submit() */
-	qcow2_io_file_queue(&q->io, bio, pos);
+	/*
+	 * From a worker too through the queue, where bios that continue each
+	 * other merge: the parked writes of a cluster just mapped come back
+	 * together.
+	 */
+	qcow2_io_file_queue(&q->io, bio, pos, in_worker);
 	return DM_MAPIO_SUBMITTED;
 }
 
@@ -424,15 +424,21 @@ static struct hlist_head *inflight_bucket(struct qcow2 *q, u64 vcluster)
 				    ilog2(ARRAY_SIZE(q->inflight)))];
 }
 
-/* Does a slot holder overlap clusters [@first, @first + @n)? Under q->lock */
-static bool inflight_busy_locked(struct qcow2 *q, u64 first, u32 n)
+/* The slot holder overlapping clusters [@first, @first + @n), under q->lock */
+static struct qcow2_bio *inflight_holder_locked(struct qcow2 *q, u64 first,
+						u32 n)
 {
 	struct qcow2_bio *pb;
 
 	hlist_for_each_entry(pb, inflight_bucket(q, first), inflight)
 		if (pb->vcluster < first + n && first < pb->vcluster + pb->vcount)
-			return true;
-	return false;
+			return pb;
+	return NULL;
+}
+
+static bool inflight_busy_locked(struct qcow2 *q, u64 first, u32 n)
+{
+	return !!inflight_holder_locked(q, first, n);
 }
 
 static bool inflight_busy(struct qcow2 *q, u64 first, u32 n)
@@ -468,12 +474,53 @@ static void inflight_begin(struct qcow2 *q, struct qcow2_bio *pb, u64 first,
 	}
 }
 
+/*
+ * A write's slots, or no wait at all: when a holder overlaps them, the bio
+ * is parked on that holder, which gives it back to a worker as it lets go
+ * (inflight_end()), and false is returned: the bio is no longer the
+ * caller's. An empty image written through the page cache sends sixteen
+ * 4 KiB bios for each new 64 KiB cluster at once; fifteen of them would
+ * otherwise hold a worker each, asleep, until the first had mapped it.
+ */
+static bool inflight_begin_or_park(struct qcow2 *q, struct qcow2_bio *pb,
+				   u64 first, u32 n)
+{
+	struct bio *bio = dm_bio_from_per_bio_data(pb, sizeof(*pb));
+	struct qcow2_bio *holder;
+
+	pb->vcluster = first;
+	pb->vcount = n;
+	spin_lock(&q->lock);
+	holder = inflight_holder_locked(q, first, n);
+	if (holder)
+		bio_list_add(&holder->waiters, bio);
+	else
+		hlist_add_head(&pb->inflight, inflight_bucket(q, first));
+	spin_unlock(&q->lock);
+	return !holder;
+}
+
+/*
+ * Let go of the slots: wake those waiting for them (discard and write
+ * zeroes), and queue again the work of the writes parked here, which
+ * left their worker when they parked (defer() set their work up).
+ */
 static void inflight_end(struct qcow2 *q, struct qcow2_bio *pb)
 {
+	struct bio_list parked;
+	struct qcow2_bio *w;
+	struct bio *bio;
+
 	spin_lock(&q->lock);
 	hlist_del_init(&pb->inflight);
+	parked = pb->waiters;
+	bio_list_init(&pb->waiters);
 	spin_unlock(&q->lock);
 	wake_up_all(&q->inflight_wait);
+	while ((bio = bio_list_pop(&parked))) {
+		w = dm_per_bio_data(bio, sizeof(*w));
+		queue_work(q->meta_wq, &w->work);
+	}
 }
 
 /* Where the rest of a new cluster comes from. */
@@ -1043,8 +1090,9 @@ static void write_work(struct qcow2 *q, struct bio *bio)
 	struct qcow2_lookup lk;
 	int r;
 
-	inflight_begin(q, pb, bio_voff(bio) >> q->hdr.cluster_bits,
-		       bio_clusters(q, bio));
+	if (!inflight_begin_or_park(q, pb, bio_voff(bio) >> q->hdr.cluster_bits,
+				    bio_clusters(q, bio)))
+		return;		/* the holder queues it again */
 	r = span_kind(q, bio, &lk);
 	if (r == SPAN_IN_PLACE) {
 		inflight_end(q, pb);
@@ -1392,6 +1440,7 @@ int qcow2_map_bio(struct qcow2 *q, struct bio *bio)
 
 	pb->q = q;
 	INIT_HLIST_NODE(&pb->inflight);
+	bio_list_init(&pb->waiters);
 	if (bio->bi_opf & REQ_PREFLUSH && !bio_sectors(bio))
 		return q->writable ? defer(q, bio) : map_complete(bio, 0);
 	if (write && READ_ONCE(q->mode) != QCOW2_MODE_RW)

@@ -85,8 +85,8 @@ void qcow2_io_resync(struct qcow2_io *io);
 unsigned int qcow2_buf_to_bvec(struct bio_vec *bv, unsigned int max,
 			       void *buf, size_t len);
 void qcow2_bio_copy_from_buf(struct bio *bio, const void *src);
-void qcow2_io_file_submit(struct qcow2_io *io, struct bio *bio, u64 pos);
-void qcow2_io_file_queue(struct qcow2_io *io, struct bio *bio, u64 pos);
+void qcow2_io_file_queue(struct qcow2_io *io, struct bio *bio, u64 pos,
+			 bool in_worker);
 void qcow2_io_bdev_remap(struct qcow2_io *io, struct bio *bio, u64 pos);
 
 /* ---- Metadata cache (dm-qcow2-cache.c) ---- */
@@ -252,6 +252,7 @@ struct qcow2_bio {
 	struct hlist_node inflight;	/* allocating write: its clusters */
 	u64 vcluster;			/* the first one */
 	u32 vcount;			/* how many */
+	struct bio_list waiters;	/* writes parked on those clusters */
 };
 
 /* dm-qcow2-meta.c */
