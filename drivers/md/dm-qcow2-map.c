@@ -490,6 +490,11 @@ static bool inflight_begin_or_park(struct qcow2 *q, struct qcow2_bio *pb,
 
 	pb->vcluster = first;
 	pb->vcount = n;
+	/*
+	 * One q->lock hold for the lookup and the parking: a holder found
+	 * here has not reached inflight_end(), which unhashes it and takes
+	 * its waiters under the same lock, so no parked bio is missed.
+	 */
 	spin_lock(&q->lock);
 	holder = inflight_holder_locked(q, first, n);
 	if (holder)
@@ -517,6 +522,11 @@ static void inflight_end(struct qcow2 *q, struct qcow2_bio *pb)
 	bio_list_init(&pb->waiters);
 	spin_unlock(&q->lock);
 	wake_up_all(&q->inflight_wait);
+	/*
+	 * A parked bio's work may still be returning from the write_work()
+	 * that parked it; it touches nothing after that, and meta_wq runs a
+	 * requeued item only once the earlier run has ended.
+	 */
 	while ((bio = bio_list_pop(&parked))) {
 		w = dm_per_bio_data(bio, sizeof(*w));
 		queue_work(q->meta_wq, &w->work);
