@@ -296,13 +296,22 @@ cpu_window() {
 
 # --profile: perf samples every CPU while a run goes on (kernel call
 # chains; fio's own user time is left out), and a report of the symbols
-# that took the samples, with their callers.
+# that took the samples, with their callers. perf takes seconds to start
+# under TCG, longer than a run: it starts with its events off, and the run
+# begins once perf has acknowledged turning them on (a control fifo).
 PROF_PID=
 prof_start() {
 	[ -n "$PROFILE" ] || return 0
-	perf record -q -a -g -F 499 -e cpu-clock -o "$W/perf.data" \
-		-- sleep $((RT + 2)) >/dev/null 2>&1 &
+	rm -f "$W/perf.ctl" "$W/perf.ack"
+	mkfifo "$W/perf.ctl" "$W/perf.ack" || return 0
+	perf record -q -a -g --kernel-callchains -F 499 -e cpu-clock -D -1 \
+		--control "fifo:$W/perf.ctl,$W/perf.ack" -o "$W/perf.data" \
+		-- sleep 3600 >/dev/null 2>&1 &
 	PROF_PID=$!
+	# Opening a fifo waits for perf to open it: bounded, should perf fail
+	timeout 120 bash -c 'exec 8>"$1" 9<"$2"; echo enable >&8; read -r a <&9' \
+		_ "$W/perf.ctl" "$W/perf.ack" ||
+		say "perf did not start sampling: the profile may be empty"
 }
 
 prof_stop() {
@@ -310,13 +319,21 @@ prof_stop() {
 	kill -INT "$PROF_PID" 2>/dev/null
 	wait "$PROF_PID"
 	PROF_PID=
+	rm -f "$W/perf.ctl" "$W/perf.ack"
 }
 
 prof_report() {
 	[ -n "$PROFILE" ] && [ -f "$W/perf.data" ] || return 0
 	{
+		echo "== self: where the samples fell (native_safe_halt: idle)"
+		perf report -i "$W/perf.data" --stdio --no-children -g none \
+			--sort sym --percent-limit 0.5 2>/dev/null
+		echo "== children: each function with what it called (kernel)"
+		perf report -i "$W/perf.data" --stdio --children -g none \
+			--sort sym --percent-limit 0.5 2>/dev/null
+		echo "== callers of the top symbols"
 		perf report -i "$W/perf.data" --stdio --no-children \
-			--sort sym --percent-limit 1 -g caller,0.5,2 2>/dev/null
+			--sort sym --percent-limit 2 -g caller,0.5,2 2>/dev/null
 	} >"$1"
 	rm -f "$W/perf.data"
 }
@@ -329,11 +346,11 @@ run_one() {
 	set -- $(echo "$WORKLOADS" | awk -v w="$wl" '$1 == w {print $2, $3, $4, $5, $6, $7}')
 	kind=$1 a=$2 b=$3 c=$4 d=${5:-} e=${6:-}
 	settle
+	prof_start	# before the CPU counts: its start-up is not the run's
 	read -r u0 s0 < <(cpu_ticks)
 	rm -f "$W/win.txt" "$W/run.done"
 	cpu_window "$DEV" "$W/win.txt" &
 	win=$!
-	prof_start
 	case $kind in
 	fio)
 		fio --name="$wl" --filename="$DEV" --rw="$a" --bs="$b" \
