@@ -1388,14 +1388,19 @@ static int defer(struct qcow2 *q, struct bio *bio)
 	return DM_MAPIO_SUBMITTED;
 }
 
-/* Keep only the part of @bio in its first cluster; dm sends the rest. */
-static void cut_to_cluster(struct qcow2 *q, struct bio *bio)
+/* Keep only the part of @bio in its aligned @unit; dm sends the rest. */
+static void cut_to(struct bio *bio, u64 unit)
 {
 	u64 voff = bio_voff(bio);
-	u64 next = round_down(voff, q->hdr.cluster_size) + q->hdr.cluster_size;
+	u64 next = round_down(voff, unit) + unit;
 
 	if (voff + bio->bi_iter.bi_size > next)
 		dm_accept_partial_bio(bio, (next - voff) >> SECTOR_SHIFT);
+}
+
+static void cut_to_cluster(struct qcow2 *q, struct bio *bio)
+{
+	cut_to(bio, q->hdr.cluster_size);
 }
 
 /*
@@ -1404,8 +1409,9 @@ static void cut_to_cluster(struct qcow2 *q, struct bio *bio)
  * the image, each writable in place for a write, slices cached), and
  * cuts it where the run ends. A write whose clusters all need new ones
  * with nothing to copy (fresh_cluster()) goes to a worker whole, as
- * does a FUA write's run (@deferred), within one group of clusters.
- * Everything else is served one cluster at a time. A bad entry met ahead
+ * does a FUA write's run (@deferred), within one group of clusters, and
+ * a write whose first slice is not cached (qcow2_map_bio()). Everything
+ * else is served one cluster at a time. A bad entry met ahead
  * is reported here, as the rest of the bio would report it next.
  */
 static void map_extend(struct qcow2 *q, struct bio *bio,
@@ -1468,6 +1474,17 @@ int qcow2_map_bio(struct qcow2 *q, struct bio *bio)
 		 * data written with FUA (a file: O_DSYNC).
 		 */
 		map_extend(q, bio, &lk, true, true);
+		return defer(q, bio);
+	}
+	if (r == -EAGAIN && write) {
+		/*
+		 * A slice to read first: the worker looks the clusters up and
+		 * serves the write as a span when it can (write_work()), so
+		 * keep all of it in the group. Cut to a cluster, a large write
+		 * to a table just allocated (its slices not cached yet) would
+		 * become one allocating write per cluster.
+		 */
+		cut_to(bio, (u64)q->hdr.cluster_size << QCOW2_GROUP_BITS);
 		return defer(q, bio);
 	}
 	if (r) {
