@@ -255,20 +255,20 @@ win_sample() {
 	echo "${up/./} $((u + n)) $((s + irq + sirq)) $((rs + ws))"
 }
 
-# cpu_window DEV OUT: the CPU spent while DEV is busy, away from the start
-# and end of the run (under TCG, starting fio costs seconds of CPU). Waits
-# for the first I/O, skips 0.3 s, then measures until the run is 60 %
-# through or the device goes idle. Writes "centisecs usr sys sectors".
-# Sleep without running a program: the root is 9p without a page cache,
-# so every exec of sleep(1) reads it again, on the CPU the run measures
-# (a profile showed 12 % of the samples in page faults). A read that
-# times out on a pipe nobody writes to does the same in the shell.
+# snore SECONDS: sleep without running a program. The root is 9p without a
+# page cache, so every exec of sleep(1) reads it again, on the CPU the run
+# measures (a profile showed 12 % of the samples in page faults). A read
+# that times out on a pipe nobody writes to does the same in the shell.
 SNORE_FD=
 snore() {
 	[ -n "$SNORE_FD" ] || exec {SNORE_FD}<> <(:)
 	read -r -t "$1" -u "$SNORE_FD" _ || :
 }
 
+# cpu_window DEV OUT: the CPU spent while DEV is busy, away from the start
+# and end of the run (under TCG, starting fio costs seconds of CPU). Waits
+# for the first I/O, skips 0.3 s, then measures until the run is 60 %
+# through or the device goes idle. Writes "centisecs usr sys sectors".
 cpu_window() {
 	local st a b last cur t0 t00 s1 n
 	# No udev: /dev/mapper/NAME is a node of its own, not a link to dm-N
