@@ -1488,6 +1488,7 @@ int qcow2_map_bio(struct qcow2 *q, struct bio *bio)
 		return defer(q, bio);
 	}
 	if (r) {
+		/* A read's worker maps it all from its first cluster's entry */
 		cut_to_cluster(q, bio);
 	} else {
 		map_extend(q, bio, &lk, write, false);
