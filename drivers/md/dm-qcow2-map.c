@@ -38,8 +38,10 @@
  * I/O is issued through it.
  */
 #include <linux/bio.h>
+#include <linux/blkdev.h>
 #include <linux/hash.h>
 #include <linux/slab.h>
+#include <linux/sort.h>
 #include <linux/vmalloc.h>
 
 #include "dm-qcow2.h"
@@ -502,6 +504,8 @@ static bool inflight_begin_or_park(struct qcow2 *q, struct qcow2_bio *pb,
 	else
 		hlist_add_head(&pb->inflight, inflight_bucket(q, first));
 	spin_unlock(&q->lock);
+	if (holder)
+		atomic64_inc(&q->parked);
 	return !holder;
 }
 
@@ -885,16 +889,194 @@ static int write_subclusters(struct qcow2 *q, struct bio *bio,
 	return 0;
 }
 
+/* ---- Writes gathered into an allocating one ---- */
+
+static bool bio_within(struct bio *bio, u64 start, u64 len)
+{
+	return bio_voff(bio) >= start &&
+	       bio_voff(bio) + bio->bi_iter.bi_size <= start + len;
+}
+
+static bool bios_overlap(struct bio *a, struct bio *b)
+{
+	return bio_voff(a) < bio_voff(b) + b->bi_iter.bi_size &&
+	       bio_voff(b) < bio_voff(a) + a->bi_iter.bi_size;
+}
+
+/* Could a parked bio be written together with @bio, into its cluster? */
+static bool gatherable(struct qcow2 *q, struct bio *bio, struct bio *b)
+{
+	u64 cs = q->hdr.cluster_size;
+
+	return bio_op(b) == REQ_OP_WRITE &&
+	       !(b->bi_opf & (REQ_FUA | REQ_PREFLUSH)) &&
+	       b->bi_iter.bi_size &&
+	       bio_within(b, round_down(bio_voff(bio), cs), cs) &&
+	       !bios_overlap(bio, b);
+}
+
+static int cmp_bio_voff(const void *a, const void *b)
+{
+	u64 va = bio_voff(*(struct bio * const *)a);
+	u64 vb = bio_voff(*(struct bio * const *)b);
+
+	return va < vb ? -1 : va > vb;
+}
+
+/*
+ * Take from @holder's parked writes those that can share @bio's write
+ * into its new cluster: plain writes within that cluster, apart from
+ * @bio and from each other. Returns them with @bio in @*out, sorted by
+ * guest offset, and how many (1: @bio alone; @*out NULL). The others
+ * stay parked. Only the holder takes its waiters: it holds the slot.
+ */
+static unsigned int gather_parked(struct qcow2 *q, struct qcow2_bio *holder,
+				  struct bio *bio, struct bio ***out)
+{
+	struct bio_list cand, keep;
+	struct bio **v, *b;
+	unsigned int n = 0, i, k;
+
+	*out = NULL;
+	bio_list_init(&cand);
+	bio_list_init(&keep);
+	spin_lock(&q->lock);
+	while ((b = bio_list_pop(&holder->waiters))) {
+		if (gatherable(q, bio, b)) {
+			bio_list_add(&cand, b);
+			n++;
+		} else {
+			bio_list_add(&keep, b);
+		}
+	}
+	holder->waiters = keep;
+	spin_unlock(&q->lock);
+	if (!n)
+		return 1;
+
+	v = kmalloc_array(n + 1, sizeof(*v), GFP_NOIO | __GFP_NOWARN);
+	if (v) {
+		v[0] = bio;
+		for (i = 1; (b = bio_list_pop(&cand)); i++)
+			v[i] = b;
+		sort(v, n + 1, sizeof(*v), cmp_bio_voff, NULL);
+		/* Keep the first of overlapping ones: never @bio, it overlaps none */
+		for (i = 1, k = 1; i <= n; i++) {
+			if (bios_overlap(v[k - 1], v[i]))
+				bio_list_add(&cand, v[i]);
+			else
+				v[k++] = v[i];
+		}
+		n = k - 1;
+	}
+	if (!bio_list_empty(&cand)) {
+		spin_lock(&q->lock);
+		bio_list_merge(&holder->waiters, &cand);
+		spin_unlock(&q->lock);
+	}
+	if (!v || !n) {
+		kfree(v);
+		return 1;
+	}
+	*out = v;
+	return n + 1;
+}
+
+/*
+ * Write @n bios, sorted, apart, all within one new cluster at @host, as
+ * one write: zeros between them, and around them unless the layer below
+ * can zero the cluster without writing (as write_cluster_sparse()).
+ */
+static int write_gathered(struct qcow2 *q, struct bio **v, unsigned int n,
+			  u64 host)
+{
+	static const struct qcow2_fill zeros;
+	const struct qcow2_header *h = &q->hdr;
+	u32 cs = h->cluster_size, from = 0, to = cs, at, off;
+	unsigned int max = cs / PAGE_SIZE + n + 2, nr = 0, i;
+	struct bvec_iter iter;
+	struct bio_vec bv, *vec;
+	void *unused;
+	int r = 0;
+
+	if (!qcow2_io_zero_range(&q->io, host, cs)) {
+		from = qcow2_cluster_offset(h, bio_voff(v[0]));
+		to = qcow2_cluster_offset(h, bio_voff(v[n - 1])) +
+		     v[n - 1]->bi_iter.bi_size;
+	}
+	/* Zeros take a page a segment, plus a partial one per gap */
+	for (i = 0; i < n; i++)
+		max += bio_segments(v[i]);
+	vec = kmalloc_array(max, sizeof(*vec), GFP_NOIO);
+	if (!vec)
+		return -ENOMEM;
+	for (i = 0, at = from; !r && i < n; i++) {
+		off = qcow2_cluster_offset(h, bio_voff(v[i]));
+		r = fill_segments(q, vec, max, &zeros, at, off - at, &unused,
+				  &nr);
+		bio_for_each_segment(bv, v[i], iter)
+			vec[nr++] = bv;
+		at = off + v[i]->bi_iter.bi_size;
+	}
+	if (!r)
+		r = fill_segments(q, vec, max, &zeros, at, to - at, &unused,
+				  &nr);
+	if (!r)
+		r = qcow2_io_write_data(&q->io, vec, nr, to - from, host + from);
+	kfree(vec);
+	return r;
+}
+
+/*
+ * The data of an allocating write into its new cluster. A cluster filled
+ * with zeros also takes, with @holder (the slot holder, whose bio this
+ * is), the writes parked on it that fall in that cluster, in the same
+ * write: sixteen 4 KiB bios of write-back to a new cluster go down as
+ * one write rather than one and then fifteen, each through a worker.
+ * Their bios are returned in @*v (@*n of them, @bio among them) for the
+ * caller to end once the L2 entry is set.
+ */
+static int write_target(struct qcow2 *q, struct bio *bio,
+			const struct qcow2_wtarget *t,
+			struct qcow2_bio *holder, struct bio ***v,
+			unsigned int *n)
+{
+	*v = NULL;
+	*n = 1;
+	if (holder && !t->fill.src && !t->fill.buf)
+		*n = gather_parked(q, holder, bio, v);
+	if (*n == 1)
+		return write_cluster(q, bio, t->host, &t->fill);
+	atomic64_add(*n - 1, &q->gathered);
+	return write_gathered(q, *v, *n, t->host);
+}
+
+/* End the bios gathered with @bio (write_target()), with @r. */
+static void end_gathered(struct bio *bio, struct bio **v, unsigned int n,
+			 int r)
+{
+	unsigned int i;
+
+	for (i = 0; i < n; i++)
+		if (v[i] != bio)
+			map_complete(v[i], r);
+	kfree(v);
+}
+
 /*
  * Write a bio to a cluster that needs a new host cluster or a zero flag
  * cleared. Data first, then the L2 entry; the old data's refcount is
  * dropped only after that L2 change is durable (qcow2_defer_free()).
+ * @holder: the bio's in-flight slot is its cluster alone, and writes
+ * parked on it may join (write_target()); else NULL.
  */
 static int write_allocating(struct qcow2 *q, struct bio *bio,
-			    struct qcow2_lookup *lk)
+			    struct qcow2_lookup *lk, struct qcow2_bio *holder)
 {
 	u64 voff = bio_voff(bio);
 	struct qcow2_wtarget t;
+	struct bio **v = NULL;
+	unsigned int n = 1;
 	int r;
 
 	r = qcow2_l2_for_write(q, voff, &lk->l2_off);
@@ -906,20 +1088,19 @@ static int write_allocating(struct qcow2 *q, struct bio *bio,
 		return write_subclusters(q, bio, lk);
 	r = choose_target(q, lk, bio, &t);
 	if (!r)
-		r = write_cluster(q, bio, t.host, &t.fill);
+		r = write_target(q, bio, &t, holder, &v, &n);
 	/* A whole new cluster: every subcluster allocated */
 	if (!r)
 		r = qcow2_set_l2_entry(q, lk->l2_off, voff,
 				       t.host | QCOW2_OFLAG_COPIED, U32_MAX);
 	kvfree(t.fill.buf);
-	if (r) {
-		if (t.allocated)
-			qcow2_refcount_update(q, t.host, -1);
-		return r;
-	}
-	if (t.old && t.old != t.host)
+	if (r && t.allocated)
+		qcow2_refcount_update(q, t.host, -1);
+	if (!r && t.old && t.old != t.host)
 		qcow2_defer_free(q, t.old, t.old_len);
-	return 0;
+	if (n > 1)
+		end_gathered(bio, v, n, r);
+	return r;
 }
 
 /* ---- Writes that span clusters ---- */
@@ -1062,7 +1243,7 @@ static int write_one(struct qcow2 *q, struct bio *bio)
 		return write_bio_range(q, bio, 0, bio->bi_iter.bi_size,
 				       lk.m.host_offset +
 				       qcow2_cluster_offset(&q->hdr, voff));
-	return write_allocating(q, bio, &lk);
+	return write_allocating(q, bio, &lk, NULL);
 }
 
 /*
@@ -1100,7 +1281,9 @@ static void write_work(struct qcow2 *q, struct bio *bio)
 	struct qcow2_lookup lk;
 	int r;
 
-	if (!inflight_begin_or_park(q, pb, bio_voff(bio) >> q->hdr.cluster_bits,
+	/* Slots taken in ->map() (defer_write()), or not for a parked bio */
+	if (hlist_unhashed(&pb->inflight) &&
+	    !inflight_begin_or_park(q, pb, bio_voff(bio) >> q->hdr.cluster_bits,
 				    bio_clusters(q, bio)))
 		return;		/* the holder queues it again */
 	r = span_kind(q, bio, &lk);
@@ -1120,7 +1303,7 @@ static void write_work(struct qcow2 *q, struct bio *bio)
 	else if (r == SPAN_MIXED && bio_clusters(q, bio) > 1)
 		r = write_each(q, bio);
 	else if (r == SPAN_MIXED)
-		r = write_allocating(q, bio, &lk);
+		r = write_allocating(q, bio, &lk, pb);
 	inflight_end(q, pb);
 	if (!r && bio->bi_opf & REQ_FUA)
 		r = qcow2_sync(q);
@@ -1318,7 +1501,7 @@ static int zero_partial(struct qcow2 *q, u64 voff, u32 len)
 	bio = zero_bio(voff, len);
 	if (!bio)
 		return -ENOMEM;
-	r = write_allocating(q, bio, &lk);
+	r = write_allocating(q, bio, &lk, NULL);
 	bio_uninit(bio);
 	kfree(bio);
 	return r;
@@ -1382,9 +1565,63 @@ static void map_work(struct work_struct *work)
 static int defer(struct qcow2 *q, struct bio *bio)
 {
 	struct qcow2_bio *pb = dm_per_bio_data(bio, sizeof(*pb));
+	bool zero = bio_op(bio) == REQ_OP_DISCARD ||
+		    bio_op(bio) == REQ_OP_WRITE_ZEROES;
 
 	INIT_WORK(&pb->work, map_work);
-	queue_work(q->meta_wq, &pb->work);
+	queue_work(zero ? q->zero_wq : q->meta_wq, &pb->work);
+	return DM_MAPIO_SUBMITTED;
+}
+
+/* Writes held for the submitter's plug: defer_write() */
+struct qcow2_plug {
+	struct blk_plug_cb cb;
+	struct bio_list bios;
+};
+
+/* The plug's end (or its task sleeps): the held writes go to workers. */
+static void qcow2_unplug(struct blk_plug_cb *cb, bool from_schedule)
+{
+	struct qcow2_plug *plug = container_of(cb, struct qcow2_plug, cb);
+	struct qcow2 *q = cb->data;
+	struct qcow2_bio *pb;
+	struct bio *bio;
+
+	while ((bio = bio_list_pop(&plug->bios))) {
+		pb = dm_per_bio_data(bio, sizeof(*pb));
+		queue_work(q->meta_wq, &pb->work);
+	}
+	kfree(plug);
+}
+
+/*
+ * A write for the workers (its extent final: within one group) takes the
+ * in-flight slots of its clusters here, or parks on their holder without
+ * a worker. Its work is queued when the submitter's plug ends (or its
+ * task sleeps), as md's raid1 holds its writes: the writes that follow
+ * into a cluster being allocated (a page cache's sixteen 4 KiB bios for
+ * a new 64 KiB cluster, submitted under one plug) are then parked by the
+ * time the holder's worker runs, which takes them into its own write
+ * (gather_parked()). Without the plug, that worker woken at once would
+ * often write the first bio before the next was submitted.
+ */
+static int defer_write(struct qcow2 *q, struct bio *bio)
+{
+	struct qcow2_bio *pb = dm_per_bio_data(bio, sizeof(*pb));
+	struct qcow2_plug *plug;
+	struct blk_plug_cb *cb;
+
+	INIT_WORK(&pb->work, map_work);
+	if (!inflight_begin_or_park(q, pb, bio_voff(bio) >> q->hdr.cluster_bits,
+				    bio_clusters(q, bio)))
+		return DM_MAPIO_SUBMITTED;
+	cb = blk_check_plugged(qcow2_unplug, q, sizeof(*plug));
+	if (!cb) {
+		queue_work(q->meta_wq, &pb->work);
+		return DM_MAPIO_SUBMITTED;
+	}
+	plug = container_of(cb, struct qcow2_plug, cb);
+	bio_list_add(&plug->bios, bio);
 	return DM_MAPIO_SUBMITTED;
 }
 
@@ -1474,7 +1711,7 @@ int qcow2_map_bio(struct qcow2 *q, struct bio *bio)
 		 * data written with FUA (a file: O_DSYNC).
 		 */
 		map_extend(q, bio, &lk, true, true);
-		return defer(q, bio);
+		return defer_write(q, bio);
 	}
 	if (r == -EAGAIN && write) {
 		/*
@@ -1485,7 +1722,7 @@ int qcow2_map_bio(struct qcow2 *q, struct bio *bio)
 		 * become one allocating write per cluster.
 		 */
 		cut_to(bio, (u64)q->hdr.cluster_size << QCOW2_GROUP_BITS);
-		return defer(q, bio);
+		return defer_write(q, bio);
 	}
 	if (r) {
 		/* A read's worker maps it all from its first cluster's entry */
@@ -1499,7 +1736,7 @@ int qcow2_map_bio(struct qcow2 *q, struct bio *bio)
 					       bio->bi_iter.bi_size)) ||
 	    (!r && lk.m.type == QCOW2_CLUSTER_COMPRESSED) ||
 	    (!r && lk.m.type == QCOW2_CLUSTER_UNALLOCATED && q->backing))
-		return defer(q, bio);
+		return write ? defer_write(q, bio) : defer(q, bio);
 	if (r)
 		return DM_MAPIO_KILL;
 	return map_resolved(q, bio, &lk, false);

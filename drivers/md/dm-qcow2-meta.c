@@ -1312,8 +1312,10 @@ static int alloc_workqueues(struct qcow2 *q)
 {
 	q->meta_wq = alloc_workqueue("kqcow2m", WQ_MEM_RECLAIM | WQ_UNBOUND,
 				     0);
+	q->zero_wq = alloc_workqueue("kqcow2z", WQ_MEM_RECLAIM | WQ_UNBOUND,
+				     0);
 	q->sync_wq = alloc_workqueue("kqcow2s", WQ_MEM_RECLAIM, 1);
-	if (!q->meta_wq || !q->sync_wq)
+	if (!q->meta_wq || !q->zero_wq || !q->sync_wq)
 		return -ENOMEM;
 	if (!q->io.file)
 		return 0;
@@ -1817,6 +1819,8 @@ void qcow2_close_image(struct qcow2 *q)
 
 	if (q->io.wq)
 		destroy_workqueue(q->io.wq);
+	if (q->zero_wq)
+		destroy_workqueue(q->zero_wq);
 	if (q->meta_wq)
 		destroy_workqueue(q->meta_wq);
 	if (q->sync_wq)

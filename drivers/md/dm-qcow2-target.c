@@ -354,7 +354,23 @@ static void qcow2_status(struct dm_target *ti, status_type_t type,
  *   flush              write back all dirty metadata and flush the image
  *   cache_size <bytes> change the metadata cache bound (until the next
  *                      table load, which applies the table's value)
+ *   stats              counters since activation, as "name value" pairs
  */
+/*
+ * The "stats" message: how writes to clusters being allocated fared
+ * (parked on the allocating write, then gathered into it), and the
+ * corruptions met, since activation.
+ */
+static void qcow2_stats(struct qcow2 *q, char *result, unsigned int maxlen)
+{
+	unsigned int sz = 0;
+
+	DMEMIT("parked %lld gathered %lld corruptions %lld",
+	       (s64)atomic64_read(&q->parked),
+	       (s64)atomic64_read(&q->gathered),
+	       (s64)atomic64_read(&q->corruptions));
+}
+
 static int qcow2_message(struct dm_target *ti, unsigned int argc,
 			 char **argv, char *result, unsigned int maxlen)
 {
@@ -363,6 +379,10 @@ static int qcow2_message(struct dm_target *ti, unsigned int argc,
 
 	if (argc == 1 && !strcasecmp(argv[0], "flush"))
 		return q->writable ? qcow2_sync(q) : 0;
+	if (argc == 1 && !strcasecmp(argv[0], "stats")) {
+		qcow2_stats(q, result, maxlen);
+		return 1;	/* the result is the answer */
+	}
 	if (argc == 2 && !strcasecmp(argv[0], "cache_size")) {
 		if (cache_size_arg(argv[1], &bytes)) {
 			DMERR("%s: invalid cache_size %s (bytes, 1 to 4G)",

@@ -224,6 +224,13 @@ struct qcow2 {
 	struct list_head frees;		/* refcount decreases waiting for L2 */
 
 	struct workqueue_struct *meta_wq;	/* cache misses, allocation */
+	/*
+	 * Discard and write-zeroes: they sleep for in-flight slots, which
+	 * writes may take in ->map() while their work is still queued on
+	 * meta_wq (see defer_write()); sleepers there could hold every
+	 * worker meta_wq may run.
+	 */
+	struct workqueue_struct *zero_wq;
 	struct workqueue_struct *sync_wq;	/* writeback, events */
 	struct work_struct sync_work;	/* cache full of dirty slices */
 	struct work_struct event_work;	/* dm_table_event() may sleep */
@@ -231,6 +238,9 @@ struct qcow2 {
 	enum qcow2_mode mode;
 	unsigned long flags;		/* QCOW2_F_* */
 	atomic64_t corruptions;		/* bad metadata met at run time */
+	/* Writes parked on a cluster being allocated, and those gathered */
+	atomic64_t parked;
+	atomic64_t gathered;
 
 	/* The table as given, for STATUSTYPE_TABLE */
 	char *table_args;
