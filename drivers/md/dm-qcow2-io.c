@@ -358,15 +358,27 @@ static void io_extend(struct qcow2_io *io, u64 end)
 /* Metadata writes: the caller orders them with qcow2_io_flush(). */
 int qcow2_io_write_meta(struct qcow2_io *io, void *buf, size_t len, u64 off)
 {
+	bool grow = io->file && off + len > READ_ONCE(io->size);
 	int r;
 
 	if (io->dev && (off > io->size || len > io->size - off))
 		return -ENOSPC;
+	/*
+	 * A write past the file's size (a new L2 table or refcount block:
+	 * no qcow2_io_reserve() covers those) extends it under grow_lock,
+	 * with io->size moved before the lock is dropped: a reserve that
+	 * read io->size before it would otherwise truncate the file back
+	 * below what it wrote.
+	 */
+	if (grow)
+		mutex_lock(&io->grow_lock);
 	r = io_rw_buf(io, true, buf, len, off, false);
+	if (!r && io->file)
+		io_extend(io, off + len);
+	if (grow)
+		mutex_unlock(&io->grow_lock);
 	if (r)
 		return r;
-	if (io->file)
-		io_extend(io, off + len);
 	atomic64_inc(&io->meta_writes);
 	/* Counted once done, before the caller marks anything clean */
 	smp_mb__after_atomic();
