@@ -611,19 +611,49 @@ static int write_bio_range(struct qcow2 *q, struct bio *bio, u32 skip,
 }
 
 /*
- * A new cluster to be filled with zeros around the bio: have the layer
- * below zero it without writing (see qcow2_io_zero_range()), then write
- * the bio's data alone. Fails when the whole cluster must be written.
+ * Write @n bios, sorted, apart, all within one new cluster at @host, as
+ * one write: zeros between them, and around them unless the layer below
+ * can zero the cluster without writing (see qcow2_io_zero_range()): then
+ * only from the first bio's start to the last one's end.
  */
-static int write_cluster_sparse(struct qcow2 *q, struct bio *bio, u64 host)
+static int write_gathered(struct qcow2 *q, struct bio **v, unsigned int n,
+			  u64 host)
 {
-	u32 head = qcow2_cluster_offset(&q->hdr, bio_voff(bio));
-	int r;
+	static const struct qcow2_fill zeros;
+	const struct qcow2_header *h = &q->hdr;
+	u32 cs = h->cluster_size, from = 0, to = cs, at, off;
+	unsigned int max = cs / PAGE_SIZE + n + 2, nr = 0, i;
+	struct bvec_iter iter;
+	struct bio_vec bv, *vec;
+	void *unused;
+	int r = 0;
 
-	r = qcow2_io_zero_range(&q->io, host, q->hdr.cluster_size);
-	if (r)
-		return r;
-	return write_bio_range(q, bio, 0, bio->bi_iter.bi_size, host + head);
+	if (!qcow2_io_zero_range(&q->io, host, cs)) {
+		from = qcow2_cluster_offset(h, bio_voff(v[0]));
+		to = qcow2_cluster_offset(h, bio_voff(v[n - 1])) +
+		     v[n - 1]->bi_iter.bi_size;
+	}
+	/* Zeros take a page a segment, plus a partial one per gap */
+	for (i = 0; i < n; i++)
+		max += bio_segments(v[i]);
+	vec = kmalloc_array(max, sizeof(*vec), GFP_NOIO);
+	if (!vec)
+		return -ENOMEM;
+	for (i = 0, at = from; !r && i < n; i++) {
+		off = qcow2_cluster_offset(h, bio_voff(v[i]));
+		r = fill_segments(q, vec, max, &zeros, at, off - at, &unused,
+				  &nr);
+		bio_for_each_segment(bv, v[i], iter)
+			vec[nr++] = bv;
+		at = off + v[i]->bi_iter.bi_size;
+	}
+	if (!r)
+		r = fill_segments(q, vec, max, &zeros, at, to - at, &unused,
+				  &nr);
+	if (!r)
+		r = qcow2_io_write_data(&q->io, vec, nr, to - from, host + from);
+	kfree(vec);
+	return r;
 }
 
 /*
@@ -642,9 +672,8 @@ static int write_cluster(struct qcow2 *q, struct bio *bio, u64 host,
 	struct bio_vec bv, *vec;
 	int r;
 
-	if (!fill->src && !fill->buf && (head || tail) &&
-	    !write_cluster_sparse(q, bio, host))
-		return 0;
+	if (!fill->src && !fill->buf && (head || tail))
+		return write_gathered(q, &bio, 1, host);
 
 	/* Each fill takes at most one segment per page, plus one */
 	max = 2 * (cs / PAGE_SIZE + 2) + bio_segments(bio);
@@ -983,51 +1012,6 @@ static unsigned int gather_parked(struct qcow2 *q, struct qcow2_bio *holder,
 }
 
 /*
- * Write @n bios, sorted, apart, all within one new cluster at @host, as
- * one write: zeros between them, and around them unless the layer below
- * can zero the cluster without writing (as write_cluster_sparse()).
- */
-static int write_gathered(struct qcow2 *q, struct bio **v, unsigned int n,
-			  u64 host)
-{
-	static const struct qcow2_fill zeros;
-	const struct qcow2_header *h = &q->hdr;
-	u32 cs = h->cluster_size, from = 0, to = cs, at, off;
-	unsigned int max = cs / PAGE_SIZE + n + 2, nr = 0, i;
-	struct bvec_iter iter;
-	struct bio_vec bv, *vec;
-	void *unused;
-	int r = 0;
-
-	if (!qcow2_io_zero_range(&q->io, host, cs)) {
-		from = qcow2_cluster_offset(h, bio_voff(v[0]));
-		to = qcow2_cluster_offset(h, bio_voff(v[n - 1])) +
-		     v[n - 1]->bi_iter.bi_size;
-	}
-	/* Zeros take a page a segment, plus a partial one per gap */
-	for (i = 0; i < n; i++)
-		max += bio_segments(v[i]);
-	vec = kmalloc_array(max, sizeof(*vec), GFP_NOIO);
-	if (!vec)
-		return -ENOMEM;
-	for (i = 0, at = from; !r && i < n; i++) {
-		off = qcow2_cluster_offset(h, bio_voff(v[i]));
-		r = fill_segments(q, vec, max, &zeros, at, off - at, &unused,
-				  &nr);
-		bio_for_each_segment(bv, v[i], iter)
-			vec[nr++] = bv;
-		at = off + v[i]->bi_iter.bi_size;
-	}
-	if (!r)
-		r = fill_segments(q, vec, max, &zeros, at, to - at, &unused,
-				  &nr);
-	if (!r)
-		r = qcow2_io_write_data(&q->io, vec, nr, to - from, host + from);
-	kfree(vec);
-	return r;
-}
-
-/*
  * The data of an allocating write into its new cluster. A cluster filled
  * with zeros also takes, with @holder (the slot holder, whose bio this
  * is), the writes parked on it that fall in that cluster, in the same
@@ -1281,7 +1265,11 @@ static void write_work(struct qcow2 *q, struct bio *bio)
 	struct qcow2_lookup lk;
 	int r;
 
-	/* Slots taken in ->map() (defer_write()), or not for a parked bio */
+	/*
+	 * Slots taken in ->map() (defer_write()), or none yet for a parked
+	 * bio queued again. Read without q->lock: only this bio's own
+	 * paths add or remove its node, never concurrently.
+	 */
 	if (hlist_unhashed(&pb->inflight) &&
 	    !inflight_begin_or_park(q, pb, bio_voff(bio) >> q->hdr.cluster_bits,
 				    bio_clusters(q, bio)))

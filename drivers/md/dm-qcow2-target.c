@@ -350,13 +350,6 @@ static void qcow2_status(struct dm_target *ti, status_type_t type,
 }
 
 /*
- * Messages:
- *   flush              write back all dirty metadata and flush the image
- *   cache_size <bytes> change the metadata cache bound (until the next
- *                      table load, which applies the table's value)
- *   stats              counters since activation, as "name value" pairs
- */
-/*
  * The "stats" message: how writes to clusters being allocated fared
  * (parked on the allocating write, then gathered into it), and the
  * corruptions met, since activation.
@@ -371,6 +364,13 @@ static void qcow2_stats(struct qcow2 *q, char *result, unsigned int maxlen)
 	       (s64)atomic64_read(&q->corruptions));
 }
 
+/*
+ * Messages:
+ *   flush              write back all dirty metadata and flush the image
+ *   cache_size <bytes> change the metadata cache bound (until the next
+ *                      table load, which applies the table's value)
+ *   stats              counters since activation, as "name value" pairs
+ */
 static int qcow2_message(struct dm_target *ti, unsigned int argc,
 			 char **argv, char *result, unsigned int maxlen)
 {
