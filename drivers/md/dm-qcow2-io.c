@@ -158,31 +158,40 @@ void qcow2_bio_copy_from_buf(struct bio *bio, const void *src)
 	}
 }
 
-/* Synchronous I/O of a segment array to the block device, in bio chunks. */
+/*
+ * Synchronous I/O of a segment array to the block device: bios of up to
+ * BIO_MAX_VECS segments each, chained (the last one ends when all have),
+ * all in flight together and waited for once.
+ */
 static int io_bdev_rw(struct qcow2_io *io, blk_opf_t opf,
 		      const struct bio_vec *bv, unsigned int nr, u64 off)
 {
+	struct bio *bio = NULL, *next;
 	unsigned int i = 0;
-	struct bio *bio;
 	int r;
 
 	while (i < nr) {
-		bio = bio_alloc(io->dev->bdev, min_t(unsigned int, nr - i,
-						     BIO_MAX_VECS),
-				opf, GFP_NOIO);
-		bio->bi_iter.bi_sector = off >> SECTOR_SHIFT;
+		next = bio_alloc(io->dev->bdev, min_t(unsigned int, nr - i,
+						      BIO_MAX_VECS),
+				 opf, GFP_NOIO);
+		next->bi_iter.bi_sector = off >> SECTOR_SHIFT;
 		for (; i < nr; i++) {
-			if (bio_add_page(bio, bv[i].bv_page, bv[i].bv_len,
+			if (bio_add_page(next, bv[i].bv_page, bv[i].bv_len,
 					 bv[i].bv_offset) != bv[i].bv_len)
 				break;
 			off += bv[i].bv_len;
 		}
-		r = submit_bio_wait(bio);
-		bio_put(bio);
-		if (r)
-			return r;
+		if (bio) {
+			bio_chain(bio, next);
+			submit_bio(bio);
+		}
+		bio = next;
 	}
-	return 0;
+	if (!bio)
+		return 0;
+	r = submit_bio_wait(bio);
+	bio_put(bio);
+	return r;
 }
 
 /* A direct I/O issued asynchronously and waited for: io_file_rw_bytes() */
