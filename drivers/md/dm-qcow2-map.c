@@ -22,6 +22,10 @@
  *    make one allocation, write the whole new cluster (the bio's data, the
  *    rest filled with zeros or the old contents), and only then point the
  *    L2 entry at it;
+ *  - such writes are held until the submitter's plug ends; those into
+ *    clusters that follow each other go to one worker as a batch, and
+ *    when all their clusters are fresh they are allocated and written
+ *    together (write_batch());
  *  - compressed clusters are decompressed (dm-qcow2-zip.c);
  *  - with subclusters (extended L2), ->map() cuts bios where the
  *    subcluster state changes, and writes to subclusters not allocated
@@ -586,6 +590,19 @@ static int fill_segments(struct qcow2 *q, struct bio_vec *bv,
 	return 0;
 }
 
+/* Append the segments of bytes [@skip, @skip + @len) of @bio's data. */
+static void bio_range_segments(struct bio *bio, u32 skip, u32 len,
+			       struct bio_vec *vec, unsigned int *nr)
+{
+	struct bvec_iter iter = bio->bi_iter, it;
+	struct bio_vec bv;
+
+	bio_advance_iter(bio, &iter, skip);
+	iter.bi_size = len;
+	__bio_for_each_segment(bv, bio, it, iter)
+		vec[(*nr)++] = bv;
+}
+
 /*
  * @len bytes of the bio's data, from @skip bytes into it, written at
  * host offset @pos, synchronously.
@@ -593,65 +610,116 @@ static int fill_segments(struct qcow2 *q, struct bio_vec *bv,
 static int write_bio_range(struct qcow2 *q, struct bio *bio, u32 skip,
 			   u32 len, u64 pos)
 {
-	struct bvec_iter iter = bio->bi_iter, it;
 	unsigned int nr = 0;
-	struct bio_vec bv, *vec;
+	struct bio_vec *vec;
 	int r;
 
 	vec = kmalloc_array(bio_segments(bio), sizeof(*vec), GFP_NOIO);
 	if (!vec)
 		return -ENOMEM;
-	bio_advance_iter(bio, &iter, skip);
-	iter.bi_size = len;
-	__bio_for_each_segment(bv, bio, it, iter)
-		vec[nr++] = bv;
+	bio_range_segments(bio, skip, len, vec, &nr);
 	r = qcow2_io_write_data(&q->io, vec, nr, len, pos);
 	kfree(vec);
 	return r;
 }
 
+static bool bio_meets(struct bio *bio, u64 start, u64 end)
+{
+	return bio_voff(bio) < end &&
+	       bio_voff(bio) + bio->bi_iter.bi_size > start;
+}
+
+/* The part of sorted bios @v[0..@n) within [@start, @end): @*from, @*to */
+static bool gathered_extent(struct bio **v, unsigned int n, u64 start,
+			    u64 end, u64 *from, u64 *to)
+{
+	unsigned int i;
+
+	*from = end;
+	*to = start;
+	for (i = 0; i < n; i++) {
+		if (!bio_meets(v[i], start, end))
+			continue;
+		*from = min(*from, max(bio_voff(v[i]), start));
+		*to = max(*to, min(bio_voff(v[i]) + v[i]->bi_iter.bi_size,
+				   end));
+	}
+	return *from < *to;
+}
+
 /*
- * Write @n bios, sorted, apart, all within one new cluster at @host, as
- * one write: zeros between them, and around them unless the layer below
- * can zero the cluster without writing (see qcow2_io_zero_range()): then
- * only from the first bio's start to the last one's end.
+ * Write the bios @v[0..@n) (sorted by guest offset, apart) where they
+ * meet guest range [@vstart, @vstart + @len) of new clusters, which is
+ * at host offset @host, as one write with zeros between them. Where
+ * the first starts after the range does or the last ends before it,
+ * the layer below zeroes the range without writing when it can (see
+ * qcow2_io_zero_range()), else the zeros are part of the write. Bios may reach out of the range (a
+ * write's new clusters need not be contiguous in the image): only
+ * their part in it is written here.
  */
 static int write_gathered(struct qcow2 *q, struct bio **v, unsigned int n,
-			  u64 host)
+			  u64 vstart, u32 len, u64 host)
 {
 	static const struct qcow2_fill zeros;
-	const struct qcow2_header *h = &q->hdr;
-	u32 cs = h->cluster_size, from = 0, to = cs, at, off;
-	unsigned int max = cs / PAGE_SIZE + n + 2, nr = 0, i;
-	struct bvec_iter iter;
-	struct bio_vec bv, *vec;
+	u64 from = vstart, to = vstart + len, at, s, e;
+	u32 cs = q->hdr.cluster_size, off;
+	unsigned int max, nr = 0, i;
+	struct bio_vec *vec;
 	void *unused;
 	int r = 0;
 
-	if (!qcow2_io_zero_range(&q->io, host, cs)) {
-		from = qcow2_cluster_offset(h, bio_voff(v[0]));
-		to = qcow2_cluster_offset(h, bio_voff(v[n - 1])) +
-		     v[n - 1]->bi_iter.bi_size;
-	}
 	/* Zeros take a page a segment, plus a partial one per gap */
+	max = len / PAGE_SIZE + 2;
 	for (i = 0; i < n; i++)
-		max += bio_segments(v[i]);
-	vec = kmalloc_array(max, sizeof(*vec), GFP_NOIO);
+		if (bio_meets(v[i], vstart, vstart + len))
+			max += bio_segments(v[i]) + 1;
+	vec = kmalloc_array(max, sizeof(*vec), GFP_NOIO | __GFP_NOWARN);
+	if (!vec && len > cs) {
+		/* A batch's run (4 MiB): cluster by cluster, smaller arrays */
+		for (off = 0; !r && off < len; off += cs)
+			r = write_gathered(q, v, n, vstart + off, cs,
+					   host + off);
+		return r;
+	}
 	if (!vec)
 		return -ENOMEM;
-	for (i = 0, at = from; !r && i < n; i++) {
-		off = qcow2_cluster_offset(h, bio_voff(v[i]));
-		r = fill_segments(q, vec, max, &zeros, at, off - at, &unused,
-				  &nr);
-		bio_for_each_segment(bv, v[i], iter)
-			vec[nr++] = bv;
-		at = off + v[i]->bi_iter.bi_size;
+	if (!gathered_extent(v, n, vstart, vstart + len, &from, &to)) {
+		from = vstart;
+		to = vstart;
 	}
-	if (!r)
-		r = fill_segments(q, vec, max, &zeros, at, to - at, &unused,
+	/*
+	 * Gaps at both ends: one zeroing of the whole range (on a file, each
+	 * is a journal transaction that waits for the direct I/O in flight).
+	 */
+	if (from > vstart && to < vstart + len) {
+		if (qcow2_io_zero_range(&q->io, host, len)) {
+			from = vstart;
+			to = vstart + len;
+		}
+	} else if (from > vstart &&
+		   qcow2_io_zero_range(&q->io, host, from - vstart)) {
+		from = vstart;
+	} else if (to < vstart + len &&
+		   qcow2_io_zero_range(&q->io, host + (to - vstart),
+				       vstart + len - to)) {
+		to = vstart + len;
+	}
+	for (i = 0, at = from; from < to && !r && i < n; i++) {
+		s = max(bio_voff(v[i]), from);
+		e = min(bio_voff(v[i]) + v[i]->bi_iter.bi_size, to);
+		if (!bio_meets(v[i], from, to))
+			continue;
+		r = fill_segments(q, vec, max, &zeros, 0, s - at, &unused,
 				  &nr);
-	if (!r)
-		r = qcow2_io_write_data(&q->io, vec, nr, to - from, host + from);
+		bio_range_segments(v[i], s - bio_voff(v[i]), e - s, vec, &nr);
+		at = e;
+	}
+	if (!r && from < to)
+		r = fill_segments(q, vec, max, &zeros, 0, to - at, &unused,
+				  &nr);
+	if (!r && from < to)
+		r = qcow2_io_write_data(&q->io, vec, nr, to - from,
+					host + (from - vstart));
 	kfree(vec);
 	return r;
 }
@@ -673,7 +741,8 @@ static int write_cluster(struct qcow2 *q, struct bio *bio, u64 host,
 	int r;
 
 	if (!fill->src && !fill->buf && (head || tail))
-		return write_gathered(q, &bio, 1, host);
+		return write_gathered(q, &bio, 1, bio_voff(bio) - head, cs,
+				      host);
 
 	/* Each fill takes at most one segment per page, plus one */
 	max = 2 * (cs / PAGE_SIZE + 2) + bio_segments(bio);
@@ -932,15 +1001,20 @@ static bool bios_overlap(struct bio *a, struct bio *b)
 	       bio_voff(b) < bio_voff(a) + a->bi_iter.bi_size;
 }
 
-/* Could a parked bio be written together with @bio, into its cluster? */
-static bool gatherable(struct qcow2 *q, struct bio *bio, struct bio *b)
+/*
+ * Could parked bio @b be written together with @bio, into the new
+ * clusters of @holder's slots (@bio's)?
+ */
+static bool gatherable(struct qcow2 *q, const struct qcow2_bio *holder,
+		       struct bio *bio, struct bio *b)
 {
-	u64 cs = q->hdr.cluster_size;
+	u32 bits = q->hdr.cluster_bits;
 
 	return bio_op(b) == REQ_OP_WRITE &&
 	       !(b->bi_opf & (REQ_FUA | REQ_PREFLUSH)) &&
 	       b->bi_iter.bi_size &&
-	       bio_within(b, round_down(bio_voff(bio), cs), cs) &&
+	       bio_within(b, holder->vcluster << bits,
+			  (u64)holder->vcount << bits) &&
 	       !bios_overlap(bio, b);
 }
 
@@ -953,26 +1027,23 @@ static int cmp_bio_voff(const void *a, const void *b)
 }
 
 /*
- * Take from @holder's parked writes those that can share @bio's write
- * into its new cluster: plain writes within that cluster, apart from
- * @bio and from each other. Returns them with @bio in @*out, sorted by
- * guest offset, and how many (1: @bio alone; @*out NULL). The others
- * stay parked. Only the holder takes its waiters: it holds the slot.
+ * Move to @cand those of @holder's parked writes that may join @bio's
+ * write into its new clusters (gatherable()); the others stay parked.
+ * Returns how many. Only the holder takes its waiters: it holds the
+ * slots.
  */
-static unsigned int gather_parked(struct qcow2 *q, struct qcow2_bio *holder,
-				  struct bio *bio, struct bio ***out)
+static unsigned int take_gatherable(struct qcow2 *q, struct qcow2_bio *holder,
+				    struct bio *bio, struct bio_list *cand)
 {
-	struct bio_list cand, keep;
-	struct bio **v, *b;
-	unsigned int n = 0, i, k;
+	struct bio_list keep;
+	unsigned int n = 0;
+	struct bio *b;
 
-	*out = NULL;
-	bio_list_init(&cand);
 	bio_list_init(&keep);
 	spin_lock(&q->lock);
 	while ((b = bio_list_pop(&holder->waiters))) {
-		if (gatherable(q, bio, b)) {
-			bio_list_add(&cand, b);
+		if (gatherable(q, holder, bio, b)) {
+			bio_list_add(cand, b);
 			n++;
 		} else {
 			bio_list_add(&keep, b);
@@ -980,35 +1051,77 @@ static unsigned int gather_parked(struct qcow2 *q, struct qcow2_bio *holder,
 	}
 	holder->waiters = keep;
 	spin_unlock(&q->lock);
+	return n;
+}
+
+/* Park @bios on @holder again: it queues them when it lets go. */
+static void park_again(struct qcow2 *q, struct qcow2_bio *holder,
+		       struct bio_list *bios)
+{
+	if (bio_list_empty(bios))
+		return;
+	spin_lock(&q->lock);
+	bio_list_merge(&holder->waiters, bios);
+	spin_unlock(&q->lock);
+	bio_list_init(bios);
+}
+
+/*
+ * Sort the @n bios of @v by guest offset and keep the first of any that
+ * overlap: the others are parked on @holder again. The slot holders'
+ * own bios overlap nothing (gatherable()), so they all stay. Returns
+ * how many are left in @v.
+ */
+static unsigned int gather_sort(struct qcow2 *q, struct qcow2_bio *holder,
+				struct bio **v, unsigned int n)
+{
+	struct bio_list dropped;
+	unsigned int i, k;
+
+	bio_list_init(&dropped);
+	sort(v, n, sizeof(*v), cmp_bio_voff, NULL);
+	for (i = 1, k = 1; i < n; i++) {
+		if (bios_overlap(v[k - 1], v[i]))
+			bio_list_add(&dropped, v[i]);
+		else
+			v[k++] = v[i];
+	}
+	park_again(q, holder, &dropped);
+	return k;
+}
+
+/*
+ * Take from @holder's parked writes those that can share @bio's write
+ * into its new cluster. Returns them with @bio in @*out, sorted by
+ * guest offset, and how many (1: @bio alone; @*out NULL).
+ */
+static unsigned int gather_parked(struct qcow2 *q, struct qcow2_bio *holder,
+				  struct bio *bio, struct bio ***out)
+{
+	struct bio_list cand;
+	struct bio **v, *b;
+	unsigned int n, i;
+
+	*out = NULL;
+	bio_list_init(&cand);
+	n = take_gatherable(q, holder, bio, &cand);
 	if (!n)
 		return 1;
-
 	v = kmalloc_array(n + 1, sizeof(*v), GFP_NOIO | __GFP_NOWARN);
-	if (v) {
-		v[0] = bio;
-		for (i = 1; (b = bio_list_pop(&cand)); i++)
-			v[i] = b;
-		sort(v, n + 1, sizeof(*v), cmp_bio_voff, NULL);
-		/* Keep the first of overlapping ones: never @bio, it overlaps none */
-		for (i = 1, k = 1; i <= n; i++) {
-			if (bios_overlap(v[k - 1], v[i]))
-				bio_list_add(&cand, v[i]);
-			else
-				v[k++] = v[i];
-		}
-		n = k - 1;
+	if (!v) {
+		park_again(q, holder, &cand);
+		return 1;
 	}
-	if (!bio_list_empty(&cand)) {
-		spin_lock(&q->lock);
-		bio_list_merge(&holder->waiters, &cand);
-		spin_unlock(&q->lock);
-	}
-	if (!v || !n) {
+	v[0] = bio;
+	for (i = 1; (b = bio_list_pop(&cand)); i++)
+		v[i] = b;
+	n = gather_sort(q, holder, v, n + 1);
+	if (n == 1) {
 		kfree(v);
 		return 1;
 	}
 	*out = v;
-	return n + 1;
+	return n;
 }
 
 /*
@@ -1032,7 +1145,9 @@ static int write_target(struct qcow2 *q, struct bio *bio,
 	if (*n == 1)
 		return write_cluster(q, bio, t->host, &t->fill);
 	atomic64_add(*n - 1, &q->gathered);
-	return write_gathered(q, *v, *n, t->host);
+	return write_gathered(q, *v, *n,
+			      round_down(bio_voff(bio), q->hdr.cluster_size),
+			      q->hdr.cluster_size, t->host);
 }
 
 /* End the bios gathered with @bio (write_target()), with @r. */
@@ -1149,47 +1264,43 @@ static int span_kind(struct qcow2 *q, struct bio *bio, struct qcow2_lookup *lk)
 }
 
 /*
- * The data of a fresh span into the new clusters at @host[]: zeros before
- * it in the first and after it in the last (without writing where the
- * layer below can), then one write per run of contiguous clusters.
+ * The data of bios @v[0..@n) (sorted by guest offset, apart) into the
+ * new clusters at @host[] of @nr guest clusters from @start: one write
+ * per run of contiguous host clusters (write_gathered()).
  */
-static int write_fresh_data(struct qcow2 *q, struct bio *bio, const u64 *host,
-			    u32 nr)
+static int write_fresh_data(struct qcow2 *q, struct bio **v, unsigned int n,
+			    u64 start, const u64 *host, u32 nr)
 {
-	u32 cs = q->hdr.cluster_size, len = bio->bi_iter.bi_size;
-	u32 head = qcow2_cluster_offset(&q->hdr, bio_voff(bio));
-	u32 tail = nr * cs - head - len, i, j, skip, n;
+	u32 cs = q->hdr.cluster_size, i, j;
 	int r = 0;
 
-	if (head)
-		r = zero_in_place(q, host[0], head);
-	if (!r && tail)
-		r = zero_in_place(q, host[nr - 1] + cs - tail, tail);
 	for (i = 0; !r && i < nr; i = j) {
 		for (j = i + 1; j < nr && host[j] == host[j - 1] + cs; j++)
 			;
-		skip = i ? i * cs - head : 0;
-		n = min(len, j * cs - head) - skip;
-		r = write_bio_range(q, bio, skip, n, host[i] + (i ? 0 : head));
+		r = write_gathered(q, v, n, start + (u64)i * cs, (j - i) * cs,
+				   host[i]);
 	}
 	return r;
 }
 
 /*
- * A write over clusters that all need new ones with nothing to copy (an
- * empty image written sequentially): the clusters are allocated together,
- * the data goes out in as few writes as they allow, and then the L2
- * entries point at them, as write_allocating() does for one cluster.
+ * Writes over @nr guest clusters from @first (one group) that all need
+ * new ones with nothing to copy (an empty image written sequentially):
+ * the bios @v[0..@n), sorted and apart, that cover them. The clusters
+ * are allocated together, the data goes out in as few writes as they
+ * allow, and then the L2 entries point at them, as write_allocating()
+ * does for one cluster.
  */
-static int write_fresh(struct qcow2 *q, struct bio *bio)
+static int write_fresh(struct qcow2 *q, struct bio **v, unsigned int n,
+		       u64 first, u32 nr)
 {
-	u64 cs = q->hdr.cluster_size, voff = bio_voff(bio);
-	u64 start = round_down(voff, cs), l2_off, *host;
-	u32 nr = bio_clusters(q, bio), done = 0;
+	u64 cs = q->hdr.cluster_size, start = first << q->hdr.cluster_bits;
+	u64 l2_off, *host;
+	u32 done = 0;
 	int r;
 
-	/* One L2 table: the span is within one group (QCOW2_GROUP_BITS) */
-	r = qcow2_l2_for_write(q, voff, &l2_off);
+	/* One L2 table: the clusters are within one group (QCOW2_GROUP_BITS) */
+	r = qcow2_l2_for_write(q, start, &l2_off);
 	if (r)
 		return r;
 	host = kmalloc_array(nr, sizeof(*host), GFP_NOIO);
@@ -1198,7 +1309,7 @@ static int write_fresh(struct qcow2 *q, struct bio *bio)
 	r = qcow2_alloc_clusters(q, nr, host);
 	if (r)
 		goto out;
-	r = write_fresh_data(q, bio, host, nr);
+	r = write_fresh_data(q, v, n, start, host, nr);
 	while (!r && done < nr) {
 		r = qcow2_set_l2_entry(q, l2_off, start + done * cs,
 				       host[done] | QCOW2_OFLAG_COPIED, U32_MAX);
@@ -1254,6 +1365,130 @@ static int write_each(struct qcow2 *q, struct bio *bio)
 	return r;
 }
 
+/* ---- Batches of held writes ---- */
+
+/*
+ * Do guest clusters [@first, @first + @nr) all need new ones with
+ * nothing to copy? 1 if so, 0 if not, or an error.
+ */
+static int fresh_range(struct qcow2 *q, u64 first, u32 nr)
+{
+	struct qcow2_lookup lk;
+	u32 i;
+	int r;
+
+	for (i = 0; i < nr; i++) {
+		r = map_lookup(q, (first + i) << q->hdr.cluster_bits, true,
+			       &lk);
+		if (r)
+			return r;
+		if (!fresh_cluster(q, &lk))
+			return 0;
+	}
+	return 1;
+}
+
+/*
+ * The bios of a batch (@held: the slot holders) and the writes parked on
+ * them that may join, sorted, in a new array (@*n of them), or NULL when
+ * there is no memory for it: then nothing was taken.
+ */
+static struct bio **batch_bios(struct qcow2 *q, struct bio_list *held,
+			       unsigned int nr_held, unsigned int *n)
+{
+	struct qcow2_bio *head = dm_per_bio_data(held->head, sizeof(*head));
+	struct bio_list cand;
+	struct qcow2_bio *h;
+	struct bio **v, *b;
+	unsigned int i = 0;
+
+	bio_list_init(&cand);
+	*n = nr_held;
+	bio_list_for_each(b, held) {
+		h = dm_per_bio_data(b, sizeof(*h));
+		*n += take_gatherable(q, h, b, &cand);
+	}
+	v = kvmalloc_array(*n, sizeof(*v), GFP_NOIO);
+	if (!v) {
+		/* Any holder of the batch will do: they all let go at once */
+		park_again(q, head, &cand);
+		return NULL;
+	}
+	bio_list_for_each(b, held)
+		v[i++] = b;
+	while ((b = bio_list_pop(&cand)))
+		v[i++] = b;
+	*n = gather_sort(q, head, v, i);
+	return v;
+}
+
+/* Let go of a batch's slots, and end its bios with @r. */
+static void end_batch(struct qcow2 *q, struct bio_list *held,
+		      struct bio **v, unsigned int n, int r)
+{
+	struct bio *b;
+	unsigned int i;
+
+	while ((b = bio_list_pop(held))) {
+		inflight_end(q, dm_per_bio_data(b, sizeof(struct qcow2_bio)));
+		if (!v)
+			map_complete(b, r);
+	}
+	for (i = 0; v && i < n; i++)
+		map_complete(v[i], r);
+	kvfree(v);
+}
+
+/*
+ * A batch of held writes into clusters that follow each other, @bio
+ * first (qcow2_unplug()). When they all need new clusters with nothing
+ * to copy, they are written as one, with the writes parked on them
+ * (write_fresh()): an empty image written back through the page cache
+ * gets one allocation and one data write for up to QCOW2_BATCH_BYTES,
+ * rather than one for each cluster, each in a worker of its own.
+ * Otherwise, or without the memory for it, every write of the batch
+ * goes its own way: false, and the caller serves @bio.
+ */
+static bool write_batch(struct qcow2 *q, struct bio *bio)
+{
+	struct qcow2_bio *pb = dm_per_bio_data(bio, sizeof(*pb)), *h;
+	struct bio_list held = pb->batch;
+	unsigned int nr_held = 1, n = 0;
+	struct bio **v = NULL, *b;
+	u32 nr = pb->vcount;
+	int r;
+
+	bio_list_init(&pb->batch);
+	bio_list_for_each(b, &held) {
+		h = dm_per_bio_data(b, sizeof(*h));
+		nr += h->vcount;
+		nr_held++;
+	}
+	bio_list_add_head(&held, bio);
+	r = fresh_range(q, pb->vcluster, nr);
+	if (r > 0)
+		v = batch_bios(q, &held, nr_held, &n);
+	if (!r || (r > 0 && !v)) {
+		bio_list_pop(&held);
+		while ((b = bio_list_pop(&held))) {
+			h = dm_per_bio_data(b, sizeof(*h));
+			queue_work(q->meta_wq, &h->work);
+		}
+		return false;
+	}
+	if (v) {
+		atomic64_add(n - nr_held, &q->gathered);
+		atomic64_add(nr_held - 1, &q->batched);
+		r = write_fresh(q, v, n, pb->vcluster, nr);
+	}
+	if (r && r != -EUCLEAN)
+		DMERR_LIMIT("%s: write at guest offset %llu failed: %d",
+			    dm_table_device_name(q->ti->table), bio_voff(bio),
+			    r);
+	end_batch(q, &held, v, n, r);
+	return true;
+}
+
 /*
  * Writes that ->map() could not serve: allocating ones, FUA ones, and
  * those whose slices were not cached. A write spanning clusters (one
@@ -1274,6 +1509,8 @@ static void write_work(struct qcow2 *q, struct bio *bio)
 	    !inflight_begin_or_park(q, pb, bio_voff(bio) >> q->hdr.cluster_bits,
 				    bio_clusters(q, bio)))
 		return;		/* the holder queues it again */
+	if (!bio_list_empty(&pb->batch) && write_batch(q, bio))
+		return;
 	r = span_kind(q, bio, &lk);
 	if (r == SPAN_IN_PLACE) {
 		inflight_end(q, pb);
@@ -1287,7 +1524,7 @@ static void write_work(struct qcow2 *q, struct bio *bio)
 		return;
 	}
 	if (r == SPAN_FRESH)
-		r = write_fresh(q, bio);
+		r = write_fresh(q, &bio, 1, pb->vcluster, pb->vcount);
 	else if (r == SPAN_MIXED && bio_clusters(q, bio) > 1)
 		r = write_each(q, bio);
 	else if (r == SPAN_MIXED)
@@ -1567,18 +1804,63 @@ struct qcow2_plug {
 	struct bio_list bios;
 };
 
-/* The plug's end (or its task sleeps): the held writes go to workers. */
+/*
+ * At most this much guest data in one batch of held writes: it is
+ * written from one array of segments (write_gathered()).
+ */
+#define QCOW2_BATCH_BYTES	SZ_4M
+
+static bool plain_write(struct bio *bio)
+{
+	return bio_op(bio) == REQ_OP_WRITE &&
+	       !(bio->bi_opf & (REQ_FUA | REQ_PREFLUSH));
+}
+
+/*
+ * May held write @pb join the batch from @head to @last? Plain writes
+ * whose clusters follow each other, in one group (one L2 table), without
+ * extended L2 entries (write_batch() serves fresh clusters only).
+ */
+static bool batch_follows(struct qcow2 *q, struct qcow2_bio *head,
+			  struct qcow2_bio *last, struct qcow2_bio *pb)
+{
+	struct bio *bio = dm_bio_from_per_bio_data(pb, sizeof(*pb));
+	struct bio *hbio = dm_bio_from_per_bio_data(head, sizeof(*head));
+	u64 end = pb->vcluster + pb->vcount;
+
+	return !q->hdr.extended_l2 && plain_write(hbio) && plain_write(bio) &&
+	       pb->vcluster == last->vcluster + last->vcount &&
+	       pb->vcluster >> QCOW2_GROUP_BITS ==
+	       head->vcluster >> QCOW2_GROUP_BITS &&
+	       (end - head->vcluster) << q->hdr.cluster_bits <= QCOW2_BATCH_BYTES;
+}
+
+/*
+ * The plug's end (or its task sleeps): the held writes go to workers,
+ * those into clusters that follow each other as one batch, to one
+ * worker (write_batch()).
+ */
 static void qcow2_unplug(struct blk_plug_cb *cb, bool from_schedule)
 {
 	struct qcow2_plug *plug = container_of(cb, struct qcow2_plug, cb);
+	struct qcow2_bio *pb, *head = NULL, *last = NULL;
 	struct qcow2 *q = cb->data;
-	struct qcow2_bio *pb;
 	struct bio *bio;
 
 	while ((bio = bio_list_pop(&plug->bios))) {
 		pb = dm_per_bio_data(bio, sizeof(*pb));
-		queue_work(q->meta_wq, &pb->work);
+		if (head && batch_follows(q, head, last, pb)) {
+			bio_list_add(&head->batch, bio);
+			last = pb;
+			continue;
+		}
+		if (head)
+			queue_work(q->meta_wq, &head->work);
+		head = pb;
+		last = pb;
 	}
+	if (head)
+		queue_work(q->meta_wq, &head->work);
 	kfree(plug);
 }
 
@@ -1682,6 +1964,7 @@ int qcow2_map_bio(struct qcow2 *q, struct bio *bio)
 	pb->q = q;
 	INIT_HLIST_NODE(&pb->inflight);
 	bio_list_init(&pb->waiters);
+	bio_list_init(&pb->batch);
 	if (bio->bi_opf & REQ_PREFLUSH && !bio_sectors(bio))
 		return q->writable ? defer(q, bio) : map_complete(bio, 0);
 	if (write && READ_ONCE(q->mode) != QCOW2_MODE_RW)

@@ -238,9 +238,13 @@ struct qcow2 {
 	enum qcow2_mode mode;
 	unsigned long flags;		/* QCOW2_F_* */
 	atomic64_t corruptions;		/* bad metadata met at run time */
-	/* Writes parked on a cluster being allocated, and those gathered */
+	/*
+	 * Writes parked on a cluster being allocated, those gathered, and
+	 * held writes written in a batch with the one before them.
+	 */
 	atomic64_t parked;
 	atomic64_t gathered;
+	atomic64_t batched;
 
 	/* The table as given, for STATUSTYPE_TABLE */
 	char *table_args;
@@ -263,6 +267,7 @@ struct qcow2_bio {
 	u64 vcluster;			/* the first one */
 	u32 vcount;			/* how many */
 	struct bio_list waiters;	/* writes parked on those clusters */
+	struct bio_list batch;		/* held writes that follow: unplug */
 };
 
 /* dm-qcow2-meta.c */

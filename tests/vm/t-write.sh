@@ -678,6 +678,10 @@ gather_case() {
 			if ($i == "gathered") print $(i + 1) }')
 		[ "${n:-0}" -gt 0 ] || fail "no write was gathered: $st" ||
 			return 1
+		n=$(echo "$st" | awk '{ for (i = 1; i < NF; i++)
+			if ($i == "batched") print $(i + 1) }')
+		[ "${n:-0}" -gt 0 ] || fail "no write was batched: $st" ||
+			return 1
 	fi
 	dump_dev "$WDEV" dev.raw || return 1
 	must cmp ref.raw dev.raw || return 1
@@ -692,6 +696,36 @@ test_gather_c2m_loop()	{ gather_case cluster_size=2M loop; }
 test_gather_c64k_v2_file()	{ gather_case compat=0.10,cluster_size=64k; }
 test_gather_c2m_file()	{ gather_case cluster_size=2M; }
 test_gather_c64k_loop()	{ gather_case cluster_size=64k loop; }
+
+# The same patterns over a backing layer: write-back's held writes into
+# clusters that follow each other are batched (qcow2_unplug()), but these
+# clusters are filled from the layer below, so each write of the batch
+# goes its own way (copy on write) instead. The zero cluster at 20M (v3)
+# is fresh and meets the clusters around it in one batch.
+test_gather_backing() {
+	local img base
+	dm_only || return 0
+	newdir gb || return 1
+	img=$PWD/o.qcow2
+	base=$PWD/b.qcow2
+	must qemu-img create -q -f qcow2 "$base" 32M || return 1
+	qio -f qcow2 -c "write -P 0x61 0 32M" "$base" || return 1
+	must qemu-img create -q -f qcow2 -b "$base" -F qcow2 "$img" 32M ||
+		return 1
+	qio -f qcow2 -c "write -z 20M 2M" -c "write -P 0x5a 24M 64k" "$img" ||
+		return 1
+	must qemu-img convert -O raw "$img" ref.raw || return 1
+	DM_LEN=$((32 << 11)) dm_create gb "$img 2 backing $base" || return 1
+	must python3 "$QCOW2_TOP/tests/vm/gather-writes.py" /dev/mapper/gb \
+		ref.raw || return 1
+	log "stats: $(dmsetup message gb 0 stats)"
+	dump_dev /dev/mapper/gb dev.raw || return 1
+	must cmp ref.raw dev.raw || return 1
+	dm_remove gb || return 1
+	img_check "$img" || return 1
+	must qemu-img compare -f raw -F qcow2 ref.raw "$img" || return 1
+	cd .. && rm -rf gb
+}
 
 # ---- 6. concurrency ---------------------------------------------------------
 
