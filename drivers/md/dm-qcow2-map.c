@@ -653,9 +653,9 @@ static bool gathered_extent(struct bio **v, unsigned int n, u64 start,
  * at host offset @host, as one write with zeros between them. Where
  * the first starts after the range does or the last ends before it,
  * the layer below zeroes the range without writing when it can (see
- * qcow2_io_zero_range()), else the zeros are part of the write. Bios may reach out of the range (a
- * write's new clusters need not be contiguous in the image): only
- * their part in it is written here.
+ * qcow2_io_zero_range()), else the zeros are part of the write. Bios
+ * may reach out of the range (a write's new clusters need not be
+ * contiguous in the image): only their part in it is written here.
  */
 static int write_gathered(struct qcow2 *q, struct bio **v, unsigned int n,
 			  u64 vstart, u32 len, u64 host)
@@ -1001,6 +1001,13 @@ static bool bios_overlap(struct bio *a, struct bio *b)
 	       bio_voff(b) < bio_voff(a) + a->bi_iter.bi_size;
 }
 
+/* A write without FUA or a flush: one that may be gathered or batched */
+static bool plain_write(struct bio *bio)
+{
+	return bio_op(bio) == REQ_OP_WRITE &&
+	       !(bio->bi_opf & (REQ_FUA | REQ_PREFLUSH));
+}
+
 /*
  * Could parked bio @b be written together with @bio, into the new
  * clusters of @holder's slots (@bio's)?
@@ -1010,9 +1017,7 @@ static bool gatherable(struct qcow2 *q, const struct qcow2_bio *holder,
 {
 	u32 bits = q->hdr.cluster_bits;
 
-	return bio_op(b) == REQ_OP_WRITE &&
-	       !(b->bi_opf & (REQ_FUA | REQ_PREFLUSH)) &&
-	       b->bi_iter.bi_size &&
+	return plain_write(b) && b->bi_iter.bi_size &&
 	       bio_within(b, holder->vcluster << bits,
 			  (u64)holder->vcount << bits) &&
 	       !bios_overlap(bio, b);
@@ -1408,7 +1413,7 @@ static struct bio **batch_bios(struct qcow2 *q, struct bio_list *held,
 		h = dm_per_bio_data(b, sizeof(*h));
 		*n += take_gatherable(q, h, b, &cand);
 	}
-	v = kvmalloc_array(*n, sizeof(*v), GFP_NOIO);
+	v = kmalloc_array(*n, sizeof(*v), GFP_NOIO | __GFP_NOWARN);
 	if (!v) {
 		/* Any holder of the batch will do: they all let go at once */
 		park_again(q, head, &cand);
@@ -1418,6 +1423,7 @@ static struct bio **batch_bios(struct qcow2 *q, struct bio_list *held,
 		v[i++] = b;
 	while ((b = bio_list_pop(&cand)))
 		v[i++] = b;
+	/* Overlapping ones park on the head, for the same reason */
 	*n = gather_sort(q, head, v, i);
 	return v;
 }
@@ -1436,7 +1442,7 @@ static void end_batch(struct qcow2 *q, struct bio_list *held,
 	}
 	for (i = 0; v && i < n; i++)
 		map_complete(v[i], r);
-	kvfree(v);
+	kfree(v);
 }
 
 /*
@@ -1476,7 +1482,7 @@ static bool write_batch(struct qcow2 *q, struct bio *bio)
 		}
 		return false;
 	}
-	if (v) {
+	if (r > 0) {
 		atomic64_add(n - nr_held, &q->gathered);
 		atomic64_add(nr_held - 1, &q->batched);
 		r = write_fresh(q, v, n, pb->vcluster, nr);
@@ -1509,6 +1515,7 @@ static void write_work(struct qcow2 *q, struct bio *bio)
 	    !inflight_begin_or_park(q, pb, bio_voff(bio) >> q->hdr.cluster_bits,
 				    bio_clusters(q, bio)))
 		return;		/* the holder queues it again */
+	/* Set by qcow2_unplug() before it queued this work: no lock needed */
 	if (!bio_list_empty(&pb->batch) && write_batch(q, bio))
 		return;
 	r = span_kind(q, bio, &lk);
@@ -1809,12 +1816,6 @@ struct qcow2_plug {
  * written from one array of segments (write_gathered()).
  */
 #define QCOW2_BATCH_BYTES	SZ_4M
-
-static bool plain_write(struct bio *bio)
-{
-	return bio_op(bio) == REQ_OP_WRITE &&
-	       !(bio->bi_opf & (REQ_FUA | REQ_PREFLUSH));
-}
 
 /*
  * May held write @pb join the batch from @head to @last? Plain writes
