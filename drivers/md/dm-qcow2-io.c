@@ -730,7 +730,7 @@ static bool file_submit_merged(struct qcow2_io *io, struct bio *bio,
 	struct bvec_iter iter;
 	struct iov_iter ii;
 	struct bio *b;
-	unsigned int i = 0;
+	unsigned int i = 0, nr = 0;
 	size_t len = 0;
 
 	vec = kmalloc_array(nr_bvec, sizeof(*vec), GFP_NOIO | __GFP_NOWARN);
@@ -740,10 +740,12 @@ static bool file_submit_merged(struct qcow2_io *io, struct bio *bio,
 		bio_for_each_bvec(bv, b, iter)
 			vec[i++] = bv;
 		len += b->bi_iter.bi_size;
+		nr++;
 	}
 	iov_iter_bvec(&ii, op_is_write(bio_op(bio)) ? ITER_SOURCE : ITER_DEST,
 		      vec, nr_bvec, len);
 	pb->bvec = vec;
+	atomic64_add(nr, &io->merged);
 	file_submit_iter(io, bio, pb->pos, &ii);
 	return true;
 }
@@ -865,6 +867,75 @@ static void io_queue_work(struct work_struct *work)
 	}
 }
 
+/* Append @bl to the submission queue, waking its worker if it was idle. */
+static void io_queue_list(struct qcow2_io *io, struct bio_list *bl)
+{
+	bool first;
+
+	if (bio_list_empty(bl))
+		return;
+	spin_lock(&io->queue_lock);
+	first = bio_list_empty(&io->queue);
+	bio_list_merge(&io->queue, bl);
+	spin_unlock(&io->queue_lock);
+	bio_list_init(bl);
+	if (first)
+		queue_work(io->wq, &io->queue_work);
+}
+
+/*
+ * A run of direct I/O bios, each continuing the one before it in the file,
+ * held for the submitter's plug: see qcow2_io_file_queue().
+ */
+struct qcow2_io_plug {
+	struct blk_plug_cb cb;
+	struct bio_list run;
+	u64 end;			/* file byte after the run */
+	unsigned int bytes;
+};
+
+/* At most this much is held: a kiocb of BIO_MAX_VECS pages */
+#define QCOW2_PLUG_BYTES	(BIO_MAX_VECS * PAGE_SIZE)
+
+static void io_plug_release(struct qcow2_io *io, struct qcow2_io_plug *plug)
+{
+	io_queue_list(io, &plug->run);
+	plug->bytes = 0;
+}
+
+/* The plug ends, or its task is about to sleep: queue the held run. */
+static void io_unplug(struct blk_plug_cb *cb, bool from_schedule)
+{
+	struct qcow2_io_plug *plug = container_of(cb, struct qcow2_io_plug, cb);
+
+	io_queue_list(cb->data, &plug->run);
+	kfree(plug);
+}
+
+/*
+ * Hold @bio in the submitter's plug while it continues the held run, so
+ * that the run reaches the queue whole. Returns false without a plug.
+ */
+static bool io_plug_hold(struct qcow2_io *io, struct bio *bio, u64 pos)
+{
+	struct qcow2_io_plug *plug;
+	struct blk_plug_cb *cb;
+
+	cb = blk_check_plugged(io_unplug, io, sizeof(*plug));
+	if (!cb)
+		return false;
+	plug = container_of(cb, struct qcow2_io_plug, cb);
+	if (!bio_list_empty(&plug->run) &&
+	    !file_can_merge(plug->run.head, plug->end, bio))
+		io_plug_release(io, plug);
+	bio_list_add(&plug->run, bio);
+	plug->end = pos + bio->bi_iter.bi_size;
+	plug->bytes += bio->bi_iter.bi_size;
+	if (plug->bytes >= QCOW2_PLUG_BYTES)
+		io_plug_release(io, plug);
+	return true;
+}
+
 /*
  * Submit a file bio mapped to byte @pos from a worker (see
  * file_submit_bio()), never from ->map() itself. With direct I/O the bios
@@ -876,6 +947,14 @@ static void io_queue_work(struct work_struct *work)
  * worker submits the bio itself, and a bio from ->map() gets a work item
  * of its own, so that they run concurrently.
  *
+ * Under a plug, direct I/O bios that continue each other in the file are
+ * held in it until the run breaks, 1 MiB has gathered, or the plug ends
+ * (its task sleeps): a page cache's 4 KiB write-back bios, which no
+ * request queue merges above a bio-based target, then reach the queue as
+ * one run and go to the file as one kiocb, as requests merge in loop's
+ * queue. A bio that does not continue the run sends the run on and waits
+ * in its place, so random I/O is held one bio at a time.
+ *
  * The work item is queued when the queue was empty: otherwise it is
  * already pending, or running and will find this bio when it looks again.
  */
@@ -883,7 +962,7 @@ void qcow2_io_file_queue(struct qcow2_io *io, struct bio *bio, u64 pos,
 			 bool in_worker)
 {
 	struct qcow2_bio *pb = dm_per_bio_data(bio, sizeof(*pb));
-	bool first;
+	struct bio_list one;
 
 	pb->pos = pos;
 	if (!io->dio && in_worker) {
@@ -895,10 +974,9 @@ void qcow2_io_file_queue(struct qcow2_io *io, struct bio *bio, u64 pos,
 		queue_work(io->wq, &pb->work);
 		return;
 	}
-	spin_lock(&io->queue_lock);
-	first = bio_list_empty(&io->queue);
-	bio_list_add(&io->queue, bio);
-	spin_unlock(&io->queue_lock);
-	if (first)
-		queue_work(io->wq, &io->queue_work);
+	if (io_plug_hold(io, bio, pos))
+		return;
+	bio_list_init(&one);
+	bio_list_add(&one, bio);
+	io_queue_list(io, &one);
 }

@@ -352,18 +352,19 @@ static void qcow2_status(struct dm_target *ti, status_type_t type,
 /*
  * The "stats" message: how writes to clusters being allocated fared
  * (parked on the allocating write, then gathered into it; held writes
- * batched with the ones before them), and the corruptions met, since
- * activation.
+ * batched with the ones before them), the corruptions met, and the bios
+ * that went to the image file merged with others, since activation.
  */
 static void qcow2_stats(struct qcow2 *q, char *result, unsigned int maxlen)
 {
 	unsigned int sz = 0;
 
-	DMEMIT("parked %lld gathered %lld batched %lld corruptions %lld",
+	DMEMIT("parked %lld gathered %lld batched %lld corruptions %lld merged %lld",
 	       (s64)atomic64_read(&q->parked),
 	       (s64)atomic64_read(&q->gathered),
 	       (s64)atomic64_read(&q->batched),
-	       (s64)atomic64_read(&q->corruptions));
+	       (s64)atomic64_read(&q->corruptions),
+	       (s64)atomic64_read(&q->io.merged));
 }
 
 /*

@@ -65,6 +65,7 @@ struct qcow2_io {
 	spinlock_t queue_lock;		/* protects @queue */
 	struct bio_list queue;		/* direct I/O bios from ->map() */
 	struct work_struct queue_work;
+	atomic64_t merged;		/* bios sent in a kiocb with others */
 };
 
 int qcow2_io_open(struct dm_target *ti, struct qcow2_io *io,
