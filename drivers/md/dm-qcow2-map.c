@@ -1875,18 +1875,25 @@ static void qcow2_unplug(struct blk_plug_cb *cb, bool from_schedule)
  * time the holder's worker runs, which takes them into its own write
  * (gather_parked()). Without the plug, that worker woken at once would
  * often write the first bio before the next was submitted.
+ *
+ * A write that must read its slice first (!@hold) goes to its worker at
+ * once: held, the slice would be read only when the plug ends, and
+ * every write after it under the same plug (a write-back of many
+ * megabytes is one plug) would miss it too and take a worker instead of
+ * the fast path. Its neighbours still park on it meanwhile.
  */
-static int defer_write(struct qcow2 *q, struct bio *bio)
+static int defer_write(struct qcow2 *q, struct bio *bio, bool hold)
 {
 	struct qcow2_bio *pb = dm_per_bio_data(bio, sizeof(*pb));
 	struct qcow2_plug *plug;
-	struct blk_plug_cb *cb;
+	struct blk_plug_cb *cb = NULL;
 
 	INIT_WORK(&pb->work, map_work);
 	if (!inflight_begin_or_park(q, pb, bio_voff(bio) >> q->hdr.cluster_bits,
 				    bio_clusters(q, bio)))
 		return DM_MAPIO_SUBMITTED;
-	cb = blk_check_plugged(qcow2_unplug, q, sizeof(*plug));
+	if (hold)
+		cb = blk_check_plugged(qcow2_unplug, q, sizeof(*plug));
 	if (!cb) {
 		queue_work(q->meta_wq, &pb->work);
 		return DM_MAPIO_SUBMITTED;
@@ -1983,7 +1990,7 @@ int qcow2_map_bio(struct qcow2 *q, struct bio *bio)
 		 * data written with FUA (a file: O_DSYNC).
 		 */
 		map_extend(q, bio, &lk, true, true);
-		return defer_write(q, bio);
+		return defer_write(q, bio, true);
 	}
 	if (r == -EAGAIN && write) {
 		/*
@@ -1994,7 +2001,7 @@ int qcow2_map_bio(struct qcow2 *q, struct bio *bio)
 		 * become one allocating write per cluster.
 		 */
 		cut_to(bio, (u64)q->hdr.cluster_size << QCOW2_GROUP_BITS);
-		return defer_write(q, bio);
+		return defer_write(q, bio, false);
 	}
 	if (r) {
 		/* A read's worker maps it all from its first cluster's entry */
@@ -2008,7 +2015,7 @@ int qcow2_map_bio(struct qcow2 *q, struct bio *bio)
 					       bio->bi_iter.bi_size)) ||
 	    (!r && lk.m.type == QCOW2_CLUSTER_COMPRESSED) ||
 	    (!r && lk.m.type == QCOW2_CLUSTER_UNALLOCATED && q->backing))
-		return write ? defer_write(q, bio) : defer(q, bio);
+		return write ? defer_write(q, bio, true) : defer(q, bio);
 	if (r)
 		return DM_MAPIO_KILL;
 	return map_resolved(q, bio, &lk, false);
