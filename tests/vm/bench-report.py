@@ -20,6 +20,9 @@ import sys
 from collections import defaultdict
 
 DEVS = ["dm-file", "dm-loop", "loop-raw", "qemu-nbd"]
+# The devices by their short names in the ratio keys ("dm-file/nbd")
+DEV_OF = {"dm-file": "dm-file", "dm-loop": "dm-loop", "loop": "loop-raw",
+          "nbd": "qemu-nbd"}
 NOTE = ("These figures come from a guest under emulation (TCG) on a small "
         "host: the absolute figures mean little, the ratios between targets "
         "measured in the same guest run are what count.")
@@ -202,7 +205,7 @@ def target_table(summary, big):
             per = s.get("paired_rounds", {}).get(key, [])
             rows.append([what, s["state"], s["workload"], "%.2f" % need,
                          fmt(got, 2), fmt(judge.get(loop_key), 2),
-                         fmt(s["ratios"].get("nbd/loop"), 2),
+                         fmt(judge.get("nbd/loop"), 2),
                          " ".join("%.2f" % x for x in per) or "-",
                          "-" if got is None else ("yes" if met else "no"),
                          "-" if short is None else "%.0f%%" % (short * 100)])
@@ -298,9 +301,8 @@ def cmd_report(args):
         }
         row = [st, wl, unit_of(wl)] + [fmt(v[dv]) for dv in DEVS] + \
             [fmt(rr[k], 2) for k in ratio_cols]
-        pr = {k: paired(st, k.split("/")[0],
-                        "loop-raw" if k.endswith("/loop") else "qemu-nbd", wl)
-              for k in ratio_cols if not k.startswith("nbd")}
+        pr = {k: paired(st, DEV_OF[k.split("/")[0]],
+                        DEV_OF[k.split("/")[1]], wl) for k in ratio_cols}
         pm = {k: median(x) for k, x in pr.items() if x}
         if nrounds > 1:
             row += [fmt(pm.get("dm-file/loop"), 2),
@@ -441,7 +443,8 @@ def chart(d, summary):
     with open(dat, "w") as f:
         f.write("# label dm-file dm-loop qemu-nbd dmfile/nbd\n")
         for s in summary:
-            r = s["ratios"]
+            # Several rounds: the paired medians, as the targets use
+            r = dict(s["ratios"], **s.get("paired", {}))
             vals = [r["dm-file/loop"], r["dm-loop/loop"], r["nbd/loop"],
                     r["dm-file/nbd"]]
             f.write("%s:%s %s\n" % ("pre" if s["state"] == "prealloc"
@@ -464,7 +467,7 @@ set grid ytics
 set key outside top center horizontal
 set xtics rotate by 45 right scale 0 font "sans,9"
 set multiplot layout 2,1 title "dm-qcow2 benchmark: ratios in one guest run (TCG: absolute figures mean little)"
-set title 'Ratio to loop on a raw file (1 = as fast as loop; log scale)'
+set title 'Ratio to loop on a raw file (1 = as fast as loop; log scale; several rounds: median of the per-round ratios)'
 set arrow 1 from graph 0, first 1 to graph 1, first 1 nohead lw 2 lc rgb 'black' front
 plot '%s' using 2:xtic(1) title 'dm-qcow2 file' lc rgb '#1f77b4', \\
      '' using 3 title 'dm-qcow2 on loop' lc rgb '#2ca02c', \\
