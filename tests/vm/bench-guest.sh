@@ -375,13 +375,18 @@ run_one() {
 		bs=$b
 		count=$((lim / $(numfmt --from=iec "$bs")))
 		[ "$d" != big ] || [ "$count" -le "$DD_BIG" ] || count=$DD_BIG
-		# SIGINT makes dd print what it did so far and stop
+		# SIGINT makes dd print what it did so far and stop. Without
+		# --foreground, timeout sends it twice (to dd, then to its
+		# process group), and dd's handler is one-shot: a second SIGINT
+		# that lands after the first was taken kills dd silently.
 		if [ "$a" = w ]; then
-			timeout -s INT $((RT * 2)) dd if=/dev/zero of="$DEV" \
-				bs="$bs" count="$count" oflag="$c" 2>"$raw"
+			timeout --foreground -s INT $((RT * 2)) \
+				dd if=/dev/zero of="$DEV" bs="$bs" \
+				count="$count" oflag="$c" 2>"$raw"
 		else
-			timeout -s INT $((RT * 2)) dd if="$DEV" of=/dev/null \
-				bs="$bs" count="$count" iflag="$c" 2>"$raw"
+			timeout --foreground -s INT $((RT * 2)) \
+				dd if="$DEV" of=/dev/null bs="$bs" \
+				count="$count" iflag="$c" 2>"$raw"
 		fi
 		rc=$?
 		[ $rc -ne 124 ] || rc=0
