@@ -10,9 +10,9 @@
 #   --runtime SEC  seconds per fio/dd run (default 5, 2 with --quick)
 #   --only REGEX   run only the workloads whose name matches
 #   --rounds N     run every workload N times on each device (default 1);
-#                  each round starts with the next device of the list, so
-#                  no device always runs first, and the report takes the
-#                  median of the rounds
+#                  each workload runs on every device in turn, the order
+#                  rotating by workload and round, and the report takes
+#                  the median of the rounds
 #   --states REGEX which of the states prealloc, empty and big (the 1 TiB
 #                  and 1 GiB images) to run (default: all)
 #   --profile      sample every CPU with perf during each run (perf record
@@ -414,14 +414,21 @@ run_one() {
 
 # ---- the runs -------------------------------------------------------------------
 
-# The devices in round $ROUND's order: the list rotated by one a round.
+# The devices in the order for round $ROUND and the workload at index $1
+# (default 0): the list rotated by one a round and one a workload, so
+# that no device always runs first or after the same one.
 round_devs() {
 	local -a d
 	read -ra d <<<"$DEVS"
 	local n=${#d[@]} i
 	for ((i = 0; i < n; i++)); do
-		printf '%s ' "${d[$(((i + ROUND - 1) % n))]}"
+		printf '%s ' "${d[$(((i + ROUND - 1 + ${1:-0}) % n))]}"
 	done
+}
+
+# The workloads picked by --only, one a line
+picked() {
+	echo "$WORKLOADS" | awk 'NF {print $1}' | grep -E -- "$only"
 }
 
 # Wait until nothing has been written to the scratch disk for a second
@@ -438,28 +445,36 @@ settle() {
 	done
 }
 
+# Each workload runs on every device in turn before the next workload, a
+# device served afresh for each run: the emulated host's speed moves by
+# 2x-3x over minutes, and a device's ratio to loop-raw is only sound
+# when both ran within the same minute or so.
 run_prealloc() {
-	local dk img wl
-	for dk in $(round_devs); do
-		img=$(prealloc_img "$dk")
-		dev_up "$dk" "$img" || { say "cannot serve $img as $dk"; dev_down; continue; }
-		for wl in $(echo "$WORKLOADS" | awk 'NF {print $1}' | grep -E -- "$only"); do
+	local dk img wl i=0
+	for wl in $(picked); do
+		for dk in $(round_devs "$i"); do
+			img=$(prealloc_img "$dk")
+			dev_up "$dk" "$img" ||
+				{ say "cannot serve $img as $dk"; dev_down; continue; }
 			run_one prealloc "$dk" "$wl"
+			dev_down || say "cannot remove $dk"
 		done
-		dev_down || say "cannot remove $dk"
+		i=$((i + 1))
 	done
 }
 
 run_empty() {
-	local dk img wl
-	for dk in $(round_devs); do
-		for wl in $(echo "$WORKLOADS" | awk 'NF {print $1}' | grep -E -- "$only"); do
-			is_read "$wl" && continue
+	local dk img wl i=0
+	for wl in $(picked); do
+		is_read "$wl" && continue
+		for dk in $(round_devs "$i"); do
 			img=$(empty_img "$dk") || { say "no image"; continue; }
-			dev_up "$dk" "$img" || { say "cannot serve $img as $dk"; dev_down; continue; }
+			dev_up "$dk" "$img" ||
+				{ say "cannot serve $img as $dk"; dev_down; continue; }
 			run_one empty "$dk" "$wl"
 			dev_down || say "cannot remove $dk"
 		done
+		i=$((i + 1))
 	done
 	rm -f "$W"/empty.*
 }

@@ -257,9 +257,10 @@ def cmd_report(args):
     def paired(st, a, b, wl):
         """a over b in each round both ran: the rounds' own ratios.
 
-        Under emulation a whole round runs fast or slow together, so the
-        ratio within one round is steadier than a ratio of two medians
-        taken from different rounds."""
+        Under emulation the host's speed moves over minutes; within a
+        round a workload runs on the devices one after the other, so
+        their ratio there is steadier than a ratio of two medians taken
+        from different rounds."""
         other = {o.get("round", 1): value_of(o)
                  for o in runs.get((st, b, wl), [])}
         xs = [ratio(value_of(r), other.get(r.get("round", 1)))
@@ -377,10 +378,11 @@ def cmd_report(args):
         "each figure is the median of the rounds and the ratio columns "
         "divide those medians; the 'paired' columns take the ratio "
         "within each round first and give the median of those (with the "
-        "lowest and highest round). A round runs fast or slow as a "
-        "whole under emulation, so the paired median is the steadier "
-        "figure: the targets are judged on it when there are several "
-        "rounds.",
+        "lowest and highest round). Under emulation the host's speed "
+        "moves over minutes, and within a round a workload runs on the "
+        "devices one after the other, so the paired median is the "
+        "steadier figure: the targets are judged on it when there are "
+        "several rounds.",
         "",
     ]
     sections = [
