@@ -1,0 +1,57 @@
+# SPDX-License-Identifier: GPL-2.0-only
+# shellcheck shell=bash
+# Shared by tests/vm/ab-dd.sh and tests/vm/ab-fio.sh: A/B of two dm-qcow2
+# builds in one guest, the modules loaded in turn each round and each
+# measured against loop on a raw file in the same round. Sourced.
+
+# ab_setup NAME: format the scratch disk /dev/vda, mount it on /run/NAME
+# and cd there; make p.qcow2 (1 GiB, every cluster allocated) and r.raw
+# (1 GiB of zeros, written).
+ab_setup() {
+	local mnt=/run/$1
+	[ -b /dev/vda ] || { echo "$1: no scratch disk /dev/vda" >&2; exit 2; }
+	modprobe dm-mod && modprobe loop || exit 1
+	mkdir -p "$mnt" &&
+		mkfs.ext4 -q -F -E lazy_itable_init=0,lazy_journal_init=0 \
+			/dev/vda &&
+		mount /dev/vda "$mnt" && cd "$mnt" || exit 1
+	qemu-img create -q -f qcow2 p.qcow2 1G &&
+		qemu-io -c "write -P 0x11 0 1G" p.qcow2 >/dev/null &&
+		dd if=/dev/zero of=r.raw bs=1M count=1024 conv=fsync \
+			status=none || exit 1
+	sync
+}
+
+# System CPU ticks since boot: system, irq and softirq
+ab_ticks() {
+	awk '/^cpu /{ print $4 + $7 + $8 }' /proc/stat
+}
+
+# Before each measured run: nothing dirty, no page cache, a quiet second
+ab_quiesce() {
+	sync
+	echo 3 >/proc/sys/vm/drop_caches
+	sleep 1
+}
+
+# ab_rounds A.ko B.ko ROUNDS MEASURE: each round and module, load the
+# module, serve p.qcow2 as /dev/mapper/ab and r.raw on a loop device
+# (direct I/O), run MEASURE "round I M" DM-DEV LOOP-DEV, print the stats
+# message, and take it all down again.
+ab_rounds() {
+	local a=$1 b=$2 rounds=$3 measure=$4 i m ko lo
+	for i in $(seq 1 "$rounds"); do
+		for m in A B; do
+			ko=$a
+			[ $m = B ] && ko=$b
+			insmod "$ko" || exit 1
+			dmsetup create ab --table "0 2097152 qcow2 $PWD/p.qcow2" ||
+				exit 1
+			lo=$(losetup --direct-io=on -f --show r.raw) || exit 1
+			"$measure" "round $i $m" /dev/mapper/ab "$lo" || exit 1
+			echo "round $i $m stats $(dmsetup message ab 0 stats)"
+			losetup -d "$lo" && dmsetup remove ab &&
+				rmmod dm_qcow2 || exit 1
+		done
+	done
+}
