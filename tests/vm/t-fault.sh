@@ -206,11 +206,12 @@ bg_wait() {
 	wait "$pid"
 }
 
-# Random writes of mixed sizes, allocating, with a flush every 8 writes.
+# fio_flushing DEV OFFSET SIZE IO_SIZE [FIO-ARGS...]: random writes of
+# mixed sizes, allocating, with a flush every 8 writes.
 fio_flushing() {
 	fio --filename="$1" --direct=1 --ioengine=libaio --iodepth=8 \
 		--bssplit=4k/30:16k/20:64k/30:256k/20 --name=w --rw=randwrite \
-		--offset="$2" --size="$3" --io_size="$4" --fsync=8
+		--offset="$2" --size="$3" --io_size="$4" --fsync=8 "${@:5}"
 }
 
 # ---- 1. write faults ----------------------------------------------------------
@@ -236,7 +237,10 @@ write_fault() {
 	write_a "$WDEV" || return 1
 	ev0=$(dm_events wf)
 
-	fio_flushing "$WDEV" 16M 40M 64M >fio.out 2>&1 &
+	# Time-based, so that fio is still writing when the fault comes
+	# however fast the host is (a fixed size can end before it)
+	fio_flushing "$WDEV" 16M 40M 64M --time_based --runtime=100 \
+		>fio.out 2>&1 &
 	pid=$!
 	sleep 2
 	fk_switch fk ewrite || return 1
