@@ -396,7 +396,11 @@ def cmd_report(args):
         ("Throughput", main_txt, main_md),
         ("System CPU time per I/O (whole guest, microseconds, measured "
          "while the device is busy, away from the start and end of the "
-         "run; qemu-nbd's user time is added in the last column)",
+         "run; qemu-nbd's user time is added in the last column). The "
+         "guest's fixed costs (timer ticks, clock reads) are spread over "
+         "the I/Os done: a run the host slowed shows more CPU per I/O "
+         "for that reason alone, so compare devices here only where "
+         "their throughput is alike",
          cpu_txt, cpu_md),
         ("dm-qcow2 L2 cache memory after each run (bytes)", mem_txt, mem_md),
         ("1 TiB vs 1 GiB virtual size, same 256 MiB working set (dm-file)",
