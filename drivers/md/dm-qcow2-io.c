@@ -891,16 +891,17 @@ struct qcow2_io_plug {
 	struct blk_plug_cb cb;
 	struct bio_list run;
 	u64 end;			/* file byte after the run */
-	unsigned int bytes;
 };
 
 /* At most this much is held: a kiocb of BIO_MAX_VECS pages */
 #define QCOW2_PLUG_BYTES	(BIO_MAX_VECS * PAGE_SIZE)
 
-static void io_plug_release(struct qcow2_io *io, struct qcow2_io_plug *plug)
+/* Bytes held: the run is contiguous in the file, from its head's place */
+static u64 io_plug_bytes(struct qcow2_io_plug *plug)
 {
-	io_queue_list(io, &plug->run);
-	plug->bytes = 0;
+	struct qcow2_bio *pb = dm_per_bio_data(plug->run.head, sizeof(*pb));
+
+	return plug->end - pb->pos;
 }
 
 /* The plug ends, or its task is about to sleep: queue the held run. */
@@ -927,12 +928,11 @@ static bool io_plug_hold(struct qcow2_io *io, struct bio *bio, u64 pos)
 	plug = container_of(cb, struct qcow2_io_plug, cb);
 	if (!bio_list_empty(&plug->run) &&
 	    !file_can_merge(plug->run.head, plug->end, bio))
-		io_plug_release(io, plug);
+		io_queue_list(io, &plug->run);
 	bio_list_add(&plug->run, bio);
 	plug->end = pos + bio->bi_iter.bi_size;
-	plug->bytes += bio->bi_iter.bi_size;
-	if (plug->bytes >= QCOW2_PLUG_BYTES)
-		io_plug_release(io, plug);
+	if (io_plug_bytes(plug) >= QCOW2_PLUG_BYTES)
+		io_queue_list(io, &plug->run);
 	return true;
 }
 
