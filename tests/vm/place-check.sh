@@ -34,19 +34,20 @@ l320=$(losetup --direct-io=on -o 327680 --sizelimit 1073741824 -f --show \
 l1m=$(losetup --direct-io=on -o 1048576 --sizelimit 1073741824 -f --show \
 	o.raw) || exit 1
 
-# disk_report LABEL WHAT T0 T1 STAT0 STAT1 [FIO-JSON]
+# disk_report LABEL WHAT STAT0 STAT1 FIO-JSON | T0 T1: the throughput
+# from fio's report, or from one_dd's 1048.576 MB over T1 - T0
 disk_report() {
 	python3 - "$@" <<'PY'
 import json, sys
-label, what, t0, t1, s0, s1 = sys.argv[1:7]
+label, what, s0, s1 = sys.argv[1:5]
 # /sys/block/vda/stat: reads, merges, sectors, ms, then the same for writes
 st = [int(y) - int(x) for x, y in zip(s0.split(), s1.split())]
 reqs, sectors, ms = st[0] + st[4], st[2] + st[6], st[3] + st[7]
-if len(sys.argv) > 7:
-    text = open(sys.argv[7]).read()
+if len(sys.argv) == 6:
+    text = open(sys.argv[5]).read()
     mbs = json.loads(text[text.index("{"):])["jobs"][0]["read"]["bw_bytes"] / 1e6
 else:
-    mbs = 1048.576 / (float(t1) - float(t0))
+    mbs = 1048.576 / (float(sys.argv[6]) - float(sys.argv[5]))
 print("%s %s %.0f MB/s disk %d req %.0f KiB %.0f us" % (label, what, mbs,
       reqs, sectors / 2 / max(reqs, 1), ms * 1000 / max(reqs, 1)))
 PY
@@ -62,7 +63,7 @@ one_fio() {
 		--runtime=5 --iomem_align=2m --output-format=json \
 		--output="$out" >/dev/null 2>&1 || return 1
 	d1=$(cat /sys/block/vda/stat)
-	disk_report "$1" fio 0 0 "$d0" "$d1" "$out"
+	disk_report "$1" fio "$d0" "$d1" "$out"
 }
 
 # one_dd LABEL DEV: ten 100 MB direct reads (the bench's dd-r100M has five)
@@ -73,7 +74,7 @@ one_dd() {
 	dd if="$2" of=/dev/null bs=100M count=10 iflag=direct status=none ||
 		return 1
 	t1=$(date +%s.%N) d1=$(cat /sys/block/vda/stat)
-	disk_report "$1" dd "$t0" "$t1" "$d0" "$d1"
+	disk_report "$1" dd "$d0" "$d1" "$t0" "$t1"
 }
 
 for i in $(seq 1 "$rounds"); do
@@ -109,6 +110,7 @@ for d in "$dm" "$l0"; do
 		--bs=4k --iodepth=32 --size=1g --time_based --runtime=8 \
 		--randrepeat=0 --norandommap --iomem_align=2m \
 		--output-format=terse --output="$PWD/w.terse"
+	# terse format v3: field 49 is the write IOPS
 	echo "IOPS $(cut -d';' -f49 "$PWD/w.terse")"
 done
 losetup -d "$l0" "$l320" "$l1m" && dmsetup remove place &&
