@@ -82,6 +82,7 @@ static int io_open_file(struct dm_target *ti, struct qcow2_io *io,
 	io->dio = file_can_dio(file);
 	spin_lock_init(&io->queue_lock);
 	bio_list_init(&io->queue);
+	INIT_LIST_HEAD(&io->waited);
 	INIT_WORK(&io->queue_work, io_queue_work);
 	return 0;
 }
@@ -197,6 +198,9 @@ static int io_bdev_rw(struct qcow2_io *io, blk_opf_t opf,
 /* A direct I/O issued asynchronously and waited for: io_file_rw_bytes() */
 struct io_waited {
 	struct kiocb iocb;
+	struct iov_iter iter;
+	bool write;
+	struct list_head node;		/* on io->waited until submitted */
 	struct completion done;
 	long ret;
 };
@@ -210,6 +214,30 @@ static void io_waited_complete(struct kiocb *iocb, long ret)
 }
 
 /*
+ * Issue a waited I/O. Its waiter may return as soon as it completes, so
+ * @w is not touched after an asynchronous submission.
+ */
+static void io_waited_submit(struct io_waited *w)
+{
+	struct file *file = w->iocb.ki_filp;
+	unsigned int noio = memalloc_noio_save();
+	ssize_t r;
+
+	if (w->write) {
+		file_start_write(file);
+		r = file->f_op->write_iter(&w->iocb, &w->iter);
+		file_end_write(file);
+	} else {
+		r = file->f_op->read_iter(&w->iocb, &w->iter);
+	}
+	memalloc_noio_restore(noio);
+	if (r != -EIOCBQUEUED)
+		io_waited_complete(&w->iocb, r);
+}
+
+static void io_queue_waited(struct qcow2_io *io, struct io_waited *w);
+
+/*
  * Synchronous I/O of a segment array to the file. Data (@direct) uses
  * direct I/O when the file allows it, metadata the page cache, so that
  * any alignment works. Returns the bytes done (short past the end of the
@@ -217,36 +245,40 @@ static void io_waited_complete(struct kiocb *iocb, long ret)
  *
  * Direct I/O goes out as an asynchronous kiocb that we wait for: with a
  * synchronous one, ext4 keeps the inode locked until a write into a hole
- * completes, so concurrent allocating writes would run one at a time.
+ * completes, so concurrent allocating writes would run one at a time. It
+ * is submitted by the worker that submits the bios (io_queue_work()), as
+ * the loop driver submits everything from one worker: mapping workers
+ * each writing into a hole themselves contend for the inode lock that
+ * ext4 holds across such a submission, and under four concurrent
+ * allocating writers each submission took several times as long.
  */
 static ssize_t io_file_rw_bytes(struct qcow2_io *io, bool write, bool direct,
 				const struct bio_vec *bv, unsigned int nr,
 				size_t len, u64 off)
 {
 	struct file *file = io->file;
-	struct iov_iter iter;
 	struct io_waited w;
 	ssize_t r;
 
-	iov_iter_bvec(&iter, write ? ITER_SOURCE : ITER_DEST, bv, nr, len);
+	iov_iter_bvec(&w.iter, write ? ITER_SOURCE : ITER_DEST, bv, nr, len);
 	init_sync_kiocb(&w.iocb, file);
 	w.iocb.ki_pos = off;
-	w.iocb.ki_flags = 0;
+	w.write = write;
 	if (direct && io->dio) {
 		w.iocb.ki_flags = IOCB_DIRECT;
 		w.iocb.ki_complete = io_waited_complete;
 		init_completion(&w.done);
+		io_queue_waited(io, &w);
+		wait_for_completion_io(&w.done);
+		return w.ret;
 	}
+	w.iocb.ki_flags = 0;
 	if (write) {
 		file_start_write(file);
-		r = file->f_op->write_iter(&w.iocb, &iter);
+		r = file->f_op->write_iter(&w.iocb, &w.iter);
 		file_end_write(file);
 	} else {
-		r = file->f_op->read_iter(&w.iocb, &iter);
-	}
-	if (r == -EIOCBQUEUED) {
-		wait_for_completion_io(&w.done);
-		r = w.ret;
+		r = file->f_op->read_iter(&w.iocb, &w.iter);
 	}
 	return r;
 }
@@ -847,24 +879,42 @@ static struct bio *file_sort(struct bio *list)
 	return out;
 }
 
-/* Submit what qcow2_io_file_queue() queued, until the queue stays empty. */
+/*
+ * Submit what qcow2_io_file_queue() and io_queue_waited() queued, until
+ * both queues stay empty: the waited I/O first (a mapping worker sleeps
+ * on each).
+ */
 static void io_queue_work(struct work_struct *work)
 {
 	struct qcow2_io *io = container_of(work, struct qcow2_io, queue_work);
+	struct io_waited *w;
 	struct blk_plug plug;
+	LIST_HEAD(waited);
 	struct bio *bio;
 
 	for (;;) {
 		spin_lock(&io->queue_lock);
 		bio = bio_list_get(&io->queue);
+		list_splice_init(&io->waited, &waited);
 		spin_unlock(&io->queue_lock);
-		if (!bio)
+		if (!bio && list_empty(&waited))
 			return;
 		/* One plug per batch: the file system's bios go down together */
 		blk_start_plug(&plug);
+		while (!list_empty(&waited)) {
+			w = list_first_entry(&waited, struct io_waited, node);
+			list_del(&w->node);
+			io_waited_submit(w);
+		}
 		file_submit_batch(io, file_sort(bio));
 		blk_finish_plug(&plug);
 	}
+}
+
+/* Nothing queued: the work item is neither pending nor about to look */
+static bool io_queue_idle(struct qcow2_io *io)
+{
+	return bio_list_empty(&io->queue) && list_empty(&io->waited);
 }
 
 /* Append @bl to the submission queue, waking its worker if it was idle. */
@@ -875,10 +925,23 @@ static void io_queue_list(struct qcow2_io *io, struct bio_list *bl)
 	if (bio_list_empty(bl))
 		return;
 	spin_lock(&io->queue_lock);
-	first = bio_list_empty(&io->queue);
+	first = io_queue_idle(io);
 	bio_list_merge(&io->queue, bl);
 	spin_unlock(&io->queue_lock);
 	bio_list_init(bl);
+	if (first)
+		queue_work(io->wq, &io->queue_work);
+}
+
+/* Queue a waited I/O for the submission worker: io_file_rw_bytes() */
+static void io_queue_waited(struct qcow2_io *io, struct io_waited *w)
+{
+	bool first;
+
+	spin_lock(&io->queue_lock);
+	first = io_queue_idle(io);
+	list_add_tail(&w->node, &io->waited);
+	spin_unlock(&io->queue_lock);
 	if (first)
 		queue_work(io->wq, &io->queue_work);
 }

@@ -62,8 +62,9 @@ struct qcow2_io {
 
 	/* A file: data submission, see qcow2_io_file_queue() */
 	struct workqueue_struct *wq;
-	spinlock_t queue_lock;		/* protects @queue */
+	spinlock_t queue_lock;		/* protects @queue, @waited */
 	struct bio_list queue;		/* direct I/O bios from ->map() */
+	struct list_head waited;	/* direct I/O that workers wait for */
 	struct work_struct queue_work;
 	atomic64_t merged;		/* bios sent in a kiocb with others */
 };
