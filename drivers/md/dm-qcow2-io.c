@@ -506,23 +506,37 @@ void qcow2_io_discard(struct qcow2_io *io, u64 off, u64 len)
 }
 
 /*
+ * Nothing was ever written in a file at or past the value returned (a
+ * device: nothing is known unwritten). Taken once a cluster is allocated,
+ * it tells whether the cluster needs zeroing; taken later, writes that
+ * completed meanwhile in clusters past it would move it past the cluster
+ * too, and the cluster would be zeroed for nothing (a fallocate that waits
+ * for every direct I/O in flight).
+ */
+u64 qcow2_io_written(struct qcow2_io *io)
+{
+	return io->file ? READ_ONCE(io->written) : U64_MAX;
+}
+
+/*
  * Make [@off, @off + @len) read as zeros without writing them: an
  * unwritten extent in a file (which grows as needed), a write-zeroes
  * command to a device that has one. Fails (-EOPNOTSUPP, or whatever went
  * wrong) when the caller must write the zeros itself.
  *
- * A range of a file where nothing was ever written (past io->written:
- * past its end, or in the hole qcow2_io_reserve() made) reads as zeros
+ * A range of a file where nothing was ever written (at or past @mark, a
+ * value of qcow2_io_written() taken once the range was allocated: past
+ * the file's end, or in the hole qcow2_io_reserve() made) reads as zeros
  * already: nothing is done. This keeps allocating writes to a file fast:
  * a zero-range fallocate is a journal transaction that first waits for
  * every direct I/O in flight on the file.
  */
-int qcow2_io_zero_range(struct qcow2_io *io, u64 off, u64 len)
+int qcow2_io_zero_range(struct qcow2_io *io, u64 off, u64 len, u64 mark)
 {
 	unsigned int noio;
 	int r;
 
-	if (io->file && off >= READ_ONCE(io->written))
+	if (io->file && off >= mark)
 		return 0;
 	if (io->dev && (off > io->size || len > io->size - off))
 		return -ENOSPC;

@@ -652,13 +652,14 @@ static bool gathered_extent(struct bio **v, unsigned int n, u64 start,
  * meet guest range [@vstart, @vstart + @len) of new clusters, which is
  * at host offset @host, as one write with zeros between them. Where
  * the first starts after the range does or the last ends before it,
- * the layer below zeroes the range without writing when it can (see
- * qcow2_io_zero_range()), else the zeros are part of the write. Bios
+ * the layer below zeroes the range without writing when it can, or has
+ * nothing to do past @mark (see qcow2_io_zero_range()), else the zeros
+ * are part of the write. Bios
  * may reach out of the range (a write's new clusters need not be
  * contiguous in the image): only their part in it is written here.
  */
 static int write_gathered(struct qcow2 *q, struct bio **v, unsigned int n,
-			  u64 vstart, u32 len, u64 host)
+			  u64 vstart, u32 len, u64 host, u64 mark)
 {
 	static const struct qcow2_fill zeros;
 	u64 from = vstart, to = vstart + len, at, s, e;
@@ -678,7 +679,7 @@ static int write_gathered(struct qcow2 *q, struct bio **v, unsigned int n,
 		/* A batch's run (4 MiB): cluster by cluster, smaller arrays */
 		for (off = 0; !r && off < len; off += cs)
 			r = write_gathered(q, v, n, vstart + off, cs,
-					   host + off);
+					   host + off, mark);
 		return r;
 	}
 	if (!vec)
@@ -692,16 +693,16 @@ static int write_gathered(struct qcow2 *q, struct bio **v, unsigned int n,
 	 * is a journal transaction that waits for the direct I/O in flight).
 	 */
 	if (from > vstart && to < vstart + len) {
-		if (qcow2_io_zero_range(&q->io, host, len)) {
+		if (qcow2_io_zero_range(&q->io, host, len, mark)) {
 			from = vstart;
 			to = vstart + len;
 		}
 	} else if (from > vstart &&
-		   qcow2_io_zero_range(&q->io, host, from - vstart)) {
+		   qcow2_io_zero_range(&q->io, host, from - vstart, mark)) {
 		from = vstart;
 	} else if (to < vstart + len &&
 		   qcow2_io_zero_range(&q->io, host + (to - vstart),
-				       vstart + len - to)) {
+				       vstart + len - to, mark)) {
 		to = vstart + len;
 	}
 	for (i = 0, at = from; from < to && !r && i < n; i++) {
@@ -726,10 +727,10 @@ static int write_gathered(struct qcow2 *q, struct bio **v, unsigned int n,
 
 /*
  * Write a whole new cluster at @host: the bio's data, the rest from
- * @fill (copy-on-write) or zeros.
+ * @fill (copy-on-write) or zeros (none needed past @mark).
  */
 static int write_cluster(struct qcow2 *q, struct bio *bio, u64 host,
-			 const struct qcow2_fill *fill)
+			 const struct qcow2_fill *fill, u64 mark)
 {
 	u32 cs = q->hdr.cluster_size;
 	u32 head = qcow2_cluster_offset(&q->hdr, bio_voff(bio));
@@ -742,7 +743,7 @@ static int write_cluster(struct qcow2 *q, struct bio *bio, u64 host,
 
 	if (!fill->src && !fill->buf && (head || tail))
 		return write_gathered(q, &bio, 1, bio_voff(bio) - head, cs,
-				      host);
+				      host, mark);
 
 	/* Each fill takes at most one segment per page, plus one */
 	max = 2 * (cs / PAGE_SIZE + 2) + bio_segments(bio);
@@ -773,7 +774,7 @@ static int zero_in_place(struct qcow2 *q, u64 host, u32 len)
 	void *unused;
 	int r;
 
-	if (!qcow2_io_zero_range(&q->io, host, len))
+	if (!qcow2_io_zero_range(&q->io, host, len, qcow2_io_written(&q->io)))
 		return 0;
 	vec = kmalloc_array(max, sizeof(*vec), GFP_NOIO);
 	if (!vec)
@@ -792,6 +793,7 @@ struct qcow2_wtarget {
 	u64 old;		/* host data whose reference goes, or 0 */
 	u32 old_len;		/* its length */
 	bool allocated;		/* @host is new: give it back on failure */
+	u64 mark;		/* nothing was written at @host if past this */
 };
 
 /* The old contents of the cluster as a buffer, unless the bio covers it. */
@@ -828,7 +830,9 @@ static int choose_target(struct qcow2 *q, struct qcow2_lookup *lk,
 	switch (m->type) {
 	case QCOW2_CLUSTER_ZERO_ALLOC:
 		if (m->copied) {
+			/* Only this write (it holds the slot) writes there */
 			t->host = m->host_offset;
+			t->mark = qcow2_io_written(&q->io);
 			return 0;
 		}
 		t->old = m->host_offset;
@@ -854,7 +858,7 @@ static int choose_target(struct qcow2 *q, struct qcow2_lookup *lk,
 	default:
 		break;
 	}
-	r = qcow2_alloc_cluster(q, &t->host);
+	r = qcow2_alloc_clusters(q, 1, &t->host, &t->mark);
 	t->allocated = !r;
 	return r;
 }
@@ -1148,11 +1152,11 @@ static int write_target(struct qcow2 *q, struct bio *bio,
 	if (holder && !t->fill.src && !t->fill.buf)
 		*n = gather_parked(q, holder, bio, v);
 	if (*n == 1)
-		return write_cluster(q, bio, t->host, &t->fill);
+		return write_cluster(q, bio, t->host, &t->fill, t->mark);
 	atomic64_add(*n - 1, &q->gathered);
 	return write_gathered(q, *v, *n,
 			      round_down(bio_voff(bio), q->hdr.cluster_size),
-			      q->hdr.cluster_size, t->host);
+			      q->hdr.cluster_size, t->host, t->mark);
 }
 
 /* End the bios gathered with @bio (write_target()), with @r. */
@@ -1271,10 +1275,11 @@ static int span_kind(struct qcow2 *q, struct bio *bio, struct qcow2_lookup *lk)
 /*
  * The data of bios @v[0..@n) (sorted by guest offset, apart) into the
  * new clusters at @host[] of @nr guest clusters from @start: one write
- * per run of contiguous host clusters (write_gathered()).
+ * per run of contiguous host clusters (write_gathered(); @mark from
+ * their allocation).
  */
 static int write_fresh_data(struct qcow2 *q, struct bio **v, unsigned int n,
-			    u64 start, const u64 *host, u32 nr)
+			    u64 start, const u64 *host, u32 nr, u64 mark)
 {
 	u32 cs = q->hdr.cluster_size, i, j;
 	int r = 0;
@@ -1283,7 +1288,7 @@ static int write_fresh_data(struct qcow2 *q, struct bio **v, unsigned int n,
 		for (j = i + 1; j < nr && host[j] == host[j - 1] + cs; j++)
 			;
 		r = write_gathered(q, v, n, start + (u64)i * cs, (j - i) * cs,
-				   host[i]);
+				   host[i], mark);
 	}
 	return r;
 }
@@ -1300,7 +1305,7 @@ static int write_fresh(struct qcow2 *q, struct bio **v, unsigned int n,
 		       u64 first, u32 nr)
 {
 	u64 cs = q->hdr.cluster_size, start = first << q->hdr.cluster_bits;
-	u64 l2_off, *host;
+	u64 l2_off, mark, *host;
 	u32 done = 0;
 	int r;
 
@@ -1311,10 +1316,10 @@ static int write_fresh(struct qcow2 *q, struct bio **v, unsigned int n,
 	host = kmalloc_array(nr, sizeof(*host), GFP_NOIO);
 	if (!host)
 		return -ENOMEM;
-	r = qcow2_alloc_clusters(q, nr, host);
+	r = qcow2_alloc_clusters(q, nr, host, &mark);
 	if (r)
 		goto out;
-	r = write_fresh_data(q, v, n, start, host, nr);
+	r = write_fresh_data(q, v, n, start, host, nr, mark);
 	while (!r && done < nr) {
 		r = qcow2_set_l2_entry(q, l2_off, start + done * cs,
 				       host[done] | QCOW2_OFLAG_COPIED, U32_MAX);

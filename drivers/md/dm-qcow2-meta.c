@@ -855,9 +855,10 @@ static int alloc_locked(struct qcow2 *q, u64 *host)
  * Allocate @n host clusters (not always contiguous), all or none: their
  * refcounts are one in the cache when this returns. The lowest free
  * clusters at or past the cursor are taken; freed clusters move the
- * cursor back (cluster_freed()).
+ * cursor back (cluster_freed()). @mark (unless NULL) gets
+ * qcow2_io_written() as it is once they are allocated.
  */
-int qcow2_alloc_clusters(struct qcow2 *q, u32 n, u64 *host)
+int qcow2_alloc_clusters(struct qcow2 *q, u32 n, u64 *host, u64 *mark)
 {
 	u64 end = 0;
 	u32 i;
@@ -872,6 +873,8 @@ int qcow2_alloc_clusters(struct qcow2 *q, u32 n, u64 *host)
 	}
 	while (r && i--)
 		refcount_update_locked(q, host[i], -1);
+	if (mark)
+		*mark = qcow2_io_written(&q->io);
 	mutex_unlock(&q->alloc_lock);
 	if (!r)
 		qcow2_io_reserve(&q->io, end);
@@ -887,7 +890,7 @@ int qcow2_alloc_clusters(struct qcow2 *q, u32 n, u64 *host)
 
 int qcow2_alloc_cluster(struct qcow2 *q, u64 *host)
 {
-	return qcow2_alloc_clusters(q, 1, host);
+	return qcow2_alloc_clusters(q, 1, host, NULL);
 }
 
 /* ---- L1 and L2 changes ---- */

@@ -80,7 +80,8 @@ int qcow2_io_write_data(struct qcow2_io *io, const struct bio_vec *bv,
 int qcow2_io_flush(struct qcow2_io *io);
 bool qcow2_io_meta_flushed(struct qcow2_io *io);
 void qcow2_io_discard(struct qcow2_io *io, u64 off, u64 len);
-int qcow2_io_zero_range(struct qcow2_io *io, u64 off, u64 len);
+u64 qcow2_io_written(struct qcow2_io *io);
+int qcow2_io_zero_range(struct qcow2_io *io, u64 off, u64 len, u64 mark);
 void qcow2_io_reserve(struct qcow2_io *io, u64 end);
 void qcow2_io_trim(struct qcow2_io *io);
 void qcow2_io_resync(struct qcow2_io *io);
@@ -285,7 +286,7 @@ const char *qcow2_data_range_check(struct qcow2 *q, u64 off, u64 len);
 int qcow2_sync(struct qcow2 *q);
 bool qcow2_meta_durable(struct qcow2 *q);
 int qcow2_alloc_cluster(struct qcow2 *q, u64 *host);
-int qcow2_alloc_clusters(struct qcow2 *q, u32 n, u64 *host);
+int qcow2_alloc_clusters(struct qcow2 *q, u32 n, u64 *host, u64 *mark);
 int qcow2_refcount_update(struct qcow2 *q, u64 host, int delta);
 void qcow2_defer_free(struct qcow2 *q, u64 host, u64 len);
 int qcow2_l2_for_write(struct qcow2 *q, u64 voff, u64 *l2_off);
