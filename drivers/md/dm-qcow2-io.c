@@ -245,12 +245,14 @@ static void io_queue_waited(struct qcow2_io *io, struct io_waited *w);
  *
  * Direct I/O goes out as an asynchronous kiocb that we wait for: with a
  * synchronous one, ext4 keeps the inode locked until a write into a hole
- * completes, so concurrent allocating writes would run one at a time. It
- * is submitted by the worker that submits the bios (io_queue_work()), as
- * the loop driver submits everything from one worker: mapping workers
- * each writing into a hole themselves contend for the inode lock that
- * ext4 holds across such a submission, and under four concurrent
- * allocating writers each submission took several times as long.
+ * completes, so concurrent allocating writes would run one at a time.
+ * While another such I/O is under way, it is submitted by the worker that
+ * submits the bios (io_queue_work()), as the loop driver submits
+ * everything from one worker: mapping workers each writing into a hole
+ * themselves contend for the inode lock that ext4 holds across such a
+ * submission, and under four concurrent allocating writers each
+ * submission took several times as long. Alone, the caller submits it
+ * itself, which spares a wake-up of that worker.
  */
 static ssize_t io_file_rw_bytes(struct qcow2_io *io, bool write, bool direct,
 				const struct bio_vec *bv, unsigned int nr,
@@ -268,8 +270,12 @@ static ssize_t io_file_rw_bytes(struct qcow2_io *io, bool write, bool direct,
 		w.iocb.ki_flags = IOCB_DIRECT;
 		w.iocb.ki_complete = io_waited_complete;
 		init_completion(&w.done);
-		io_queue_waited(io, &w);
+		if (atomic_inc_return(&io->waiting) == 1)
+			io_waited_submit(&w);
+		else
+			io_queue_waited(io, &w);
 		wait_for_completion_io(&w.done);
+		atomic_dec(&io->waiting);
 		return w.ret;
 	}
 	w.iocb.ki_flags = 0;

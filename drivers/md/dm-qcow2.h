@@ -65,6 +65,7 @@ struct qcow2_io {
 	spinlock_t queue_lock;		/* protects @queue, @waited */
 	struct bio_list queue;		/* direct I/O bios from ->map() */
 	struct list_head waited;	/* direct I/O that workers wait for */
+	atomic_t waiting;		/* such I/O under way */
 	struct work_struct queue_work;
 	atomic64_t merged;		/* bios sent in a kiocb with others */
 };

@@ -4,20 +4,23 @@
 # tests/vm/ab-dd.sh does with dd: the modules are loaded in turn, each
 # round, and each is measured against loop on a raw file in the same round.
 #
-#   scripts/vm-run --disk 4G --out DIR -- tests/vm/ab-fio.sh A.ko B.ko \
-#	[ROUNDS [FIO-ARGS...]]
+#   scripts/vm-run --disk 4G --out DIR -- tests/vm/ab-fio.sh [--empty] \
+#	A.ko B.ko [ROUNDS [FIO-ARGS...]]
 #
 # FIO-ARGS default to 4 KiB random writes at iodepth 1 for 5 s
 # (--rw=randwrite --bs=4k --iodepth=1 --runtime=5); libaio, direct I/O on
-# a preallocated 1 GiB image, and buffers on a 2 MiB boundary (huge
-# pages, as the bench has them) are always used. The .ko files must be
-# readable in the guest (not under /tmp). Each run's line gives IOPS, the
-# mean submission and completion latency (us), the guest's system CPU
-# per I/O (us: system, irq and softirq ticks over the run) and what the
-# scratch disk under the image served: requests, their mean size (KiB)
-# and mean time (us) on the disk: requests smaller than the I/O size, or
-# longer times on the disk, show where a slower run's time went.
+# a preallocated 1 GiB image (--empty: a new empty image and a sparse raw
+# file for every run, so that writes allocate), and buffers on a 2 MiB
+# boundary (huge pages, as the bench has them) are always used. The .ko
+# files must be readable in the guest (not under /tmp). Each run's line
+# gives IOPS, the mean submission and completion latency (us), the
+# guest's system CPU per I/O (us: system, irq and softirq ticks over the
+# run) and what the scratch disk under the image served: requests, their
+# mean size (KiB) and mean time (us) on the disk: requests smaller than
+# the I/O size, or longer times on the disk, show where a slower run's
+# time went.
 set -u
+[ "${1:-}" != --empty ] || { AB_EMPTY=1; shift; }
 # shellcheck source=tests/vm/ab-lib.sh
 . "$(dirname "${BASH_SOURCE[0]}")/ab-lib.sh"
 a=$1 b=$2 rounds=${3:-3}

@@ -6,7 +6,9 @@
 
 # ab_setup NAME: format the scratch disk /dev/vda, mount it on /run/NAME
 # and cd there; make p.qcow2 (1 GiB, every cluster allocated) and r.raw
-# (1 GiB of zeros, written).
+# (1 GiB of zeros, written). With AB_EMPTY=1, ab_rounds() makes empty
+# images instead, new for every measure (ab_images()).
+AB_EMPTY=${AB_EMPTY:-}
 ab_setup() {
 	local mnt=/run/$1
 	[ -b /dev/vda ] || { echo "$1: no scratch disk /dev/vda" >&2; exit 2; }
@@ -15,6 +17,7 @@ ab_setup() {
 		mkfs.ext4 -q -F -E lazy_itable_init=0,lazy_journal_init=0 \
 			/dev/vda &&
 		mount /dev/vda "$mnt" && cd "$mnt" || exit 1
+	[ -z "$AB_EMPTY" ] || return 0
 	qemu-img create -q -f qcow2 p.qcow2 1G &&
 		qemu-io -c "write -P 0x11 0 1G" p.qcow2 >/dev/null &&
 		dd if=/dev/zero of=r.raw bs=1M count=1024 conv=fsync \
@@ -34,20 +37,32 @@ ab_quiesce() {
 	sleep 1
 }
 
+# ab_images: the image pair a measure gets, in AB_QCOW2 and AB_RAW:
+# p.qcow2 and r.raw, or with AB_EMPTY=1 a new empty qcow2 image and a
+# sparse raw file (1 GiB each), where every write allocates.
+ab_images() {
+	AB_QCOW2=p.qcow2 AB_RAW=r.raw
+	[ -n "$AB_EMPTY" ] || return 0
+	AB_QCOW2=e.qcow2 AB_RAW=e.raw
+	rm -f e.qcow2 e.raw
+	qemu-img create -q -f qcow2 e.qcow2 1G && truncate -s 1G e.raw &&
+		sync
+}
+
 # ab_rounds A.ko B.ko ROUNDS MEASURE: each round and module, load the
-# module, serve p.qcow2 as /dev/mapper/ab and r.raw on a loop device
-# (direct I/O), run MEASURE "round I M" DM-DEV LOOP-DEV, print the stats
-# message, and take it all down again.
+# module, serve the qcow2 image of ab_images() as /dev/mapper/ab and its
+# raw file on a loop device (direct I/O), run MEASURE "round I M" DM-DEV
+# LOOP-DEV, print the stats message, and take it all down again.
 ab_rounds() {
 	local a=$1 b=$2 rounds=$3 measure=$4 i m ko lo
 	for i in $(seq 1 "$rounds"); do
 		for m in A B; do
 			ko=$a
 			[ $m = B ] && ko=$b
-			insmod "$ko" || exit 1
-			dmsetup create ab --table "0 2097152 qcow2 $PWD/p.qcow2" ||
-				exit 1
-			lo=$(losetup --direct-io=on -f --show r.raw) || exit 1
+			insmod "$ko" && ab_images || exit 1
+			dmsetup create ab \
+				--table "0 2097152 qcow2 $PWD/$AB_QCOW2" || exit 1
+			lo=$(losetup --direct-io=on -f --show "$AB_RAW") || exit 1
 			"$measure" "round $i $m" /dev/mapper/ab "$lo" || exit 1
 			echo "round $i $m stats $(dmsetup message ab 0 stats)"
 			losetup -d "$lo" && dmsetup remove ab &&
