@@ -923,6 +923,7 @@ static void io_queue_work(struct work_struct *work)
 		blk_start_plug(&plug);
 		while (!list_empty(&waited)) {
 			w = list_first_entry(&waited, struct io_waited, node);
+			/* Off the list first: @w may be gone once submitted */
 			list_del(&w->node);
 			io_waited_submit(w);
 		}

@@ -654,9 +654,9 @@ static bool gathered_extent(struct bio **v, unsigned int n, u64 start,
  * the first starts after the range does or the last ends before it,
  * the layer below zeroes the range without writing when it can, or has
  * nothing to do past @mark (see qcow2_io_zero_range()), else the zeros
- * are part of the write. Bios
- * may reach out of the range (a write's new clusters need not be
- * contiguous in the image): only their part in it is written here.
+ * are part of the write. Bios may reach out of the range (a write's new
+ * clusters need not be contiguous in the image): only their part in it
+ * is written here.
  */
 static int write_gathered(struct qcow2 *q, struct bio **v, unsigned int n,
 			  u64 vstart, u32 len, u64 host, u64 mark)
