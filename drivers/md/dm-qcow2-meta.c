@@ -14,8 +14,11 @@
  *    and refcount slices it writes are one consistent state.
  *  - Refcount decreases wait on the frees list until a qcow2_sync() has
  *    made the L2 change that dropped the reference durable.
- *  - A new L2 table is written, its refcount synced, and only then is the
- *    L1 entry written (and flushed) and put in memory. New refcount blocks
+ *  - A new L2 table is written before its L1 entry is set in memory; the
+ *    entry is written by the next qcow2_sync() with the L2 slices, after
+ *    the flush that made the table and its refcount durable. A table it
+ *    replaces (a snapshot's) loses our reference as a deferred free, once
+ *    the new entry is on disk. New refcount blocks
  *    and a grown refcount table are written and flushed before the
  *    refcount table entry or the header that points at them.
  * A crash can therefore leak clusters, never leave a reference to a
@@ -448,11 +451,46 @@ static void apply_frees(struct qcow2 *q, struct list_head *frees)
 
 /* ---- Writeback ---- */
 
+static bool l1_dirty(struct qcow2 *q)
+{
+	return READ_ONCE(q->l1_dirty_first) <= READ_ONCE(q->l1_dirty_last);
+}
+
+/*
+ * Write the blocks of the L1 table holding entries set since the last
+ * writeback. Called by sync_locked() with meta_sem held for writing: no
+ * entry is set meanwhile (see set_l1_entry()).
+ */
+static int write_l1_dirty(struct qcow2 *q)
+{
+	unsigned int per_block = q->meta_block / sizeof(u64);
+	u64 first, last, i;
+	int r = 0;
+
+	spin_lock(&q->lock);
+	first = q->l1_dirty_first;
+	last = q->l1_dirty_last;
+	spin_unlock(&q->lock);
+	if (first > last)
+		return 0;
+	for (i = round_down(first, per_block); !r && i <= last; i += per_block)
+		r = write_table_block(q, q->l1, i, q->l1[i],
+				      q->hdr.l1_table_offset);
+	if (r)
+		return r;
+	/* Clean only once the writes are counted: see qcow2_meta_durable() */
+	spin_lock(&q->lock);
+	q->l1_dirty_first = U64_MAX;
+	q->l1_dirty_last = 0;
+	spin_unlock(&q->lock);
+	return 0;
+}
+
 /*
  * Make every write completed so far, and the metadata it needs, durable:
- * refcounts first, a flush, then L2 tables, a flush. Then apply the
- * refcount decreases whose L2 changes are now on disk; they are written
- * by the next sync.
+ * refcounts first, a flush, then L1 entries and L2 tables, a flush. Then
+ * apply the refcount decreases whose table changes are now on disk; they
+ * are written by the next sync.
  */
 static int sync_locked(struct qcow2 *q, struct list_head *frees, u64 ticket)
 {
@@ -475,8 +513,10 @@ static int sync_locked(struct qcow2 *q, struct list_head *frees, u64 ticket)
 	r = qcow2_cache_write_dirty(&q->cache, QCOW2_SLICE_REFCOUNT);
 	if (!r)
 		r = qcow2_io_flush(&q->io);
-	if (!r && qcow2_cache_nr_dirty(&q->cache)) {
-		r = qcow2_cache_write_dirty(&q->cache, QCOW2_SLICE_L2);
+	if (!r && (qcow2_cache_nr_dirty(&q->cache) || l1_dirty(q))) {
+		r = write_l1_dirty(q);
+		if (!r)
+			r = qcow2_cache_write_dirty(&q->cache, QCOW2_SLICE_L2);
 		if (!r)
 			r = qcow2_io_flush(&q->io);
 	}
@@ -524,7 +564,7 @@ int qcow2_sync(struct qcow2 *q)
  */
 bool qcow2_meta_durable(struct qcow2 *q)
 {
-	return !qcow2_cache_nr_dirty(&q->cache) &&
+	return !qcow2_cache_nr_dirty(&q->cache) && !l1_dirty(q) &&
 	       qcow2_io_meta_flushed(&q->io);
 }
 
@@ -897,7 +937,8 @@ int qcow2_alloc_cluster(struct qcow2 *q, u64 *host)
 
 /*
  * Fill a new L2 table at @new_off: a copy of the shared table at @old_off,
- * or zeros, written and made durable together with its refcount.
+ * or zeros. The next writeback's first flush makes it durable, with its
+ * refcount, before the L1 entry is written.
  */
 static int write_new_l2(struct qcow2 *q, u64 old_off, u64 new_off)
 {
@@ -916,17 +957,37 @@ static int write_new_l2(struct qcow2 *q, u64 old_off, u64 new_off)
 }
 
 /*
+ * Put a new L1 entry in memory, to be written by the next writeback after
+ * the flush of the refcounts it depends on. meta_sem keeps a writeback
+ * from starting in between: one already begun writes neither the entry
+ * nor its range, one that begins after writes both.
+ */
+static void set_l1_entry(struct qcow2 *q, u64 idx, u64 entry)
+{
+	down_read(&q->meta_sem);
+	spin_lock(&q->lock);
+	q->l1_dirty_first = min(q->l1_dirty_first, idx);
+	q->l1_dirty_last = max(q->l1_dirty_last, idx);
+	spin_unlock(&q->lock);
+	/* Dirty before a bio can use the entry: see qcow2_meta_durable() */
+	smp_wmb();
+	WRITE_ONCE(q->l1[idx], entry);
+	up_read(&q->meta_sem);
+}
+
+/*
  * Return a writable L2 table (COPIED in L1) for guest offset @voff,
- * allocating it, or copying a table shared with a snapshot. The L1 entry
- * is written only once the table and its refcount are durable, and the
- * in-memory L1 is updated last, so no bio ever uses a table whose L1
- * entry could be lost. Called from workers; takes alloc_lock.
+ * allocating it, or copying a table shared with a snapshot. The table is
+ * written before its entry is set; the entry reaches the disk with the
+ * next writeback, after the table and its refcount (set_l1_entry()), so
+ * until a flush a crash leaves only the table and what it maps leaked:
+ * nothing acknowledged as durable depends on it. No flush is waited for
+ * here, with alloc_lock held. Called from workers.
  */
 int qcow2_l2_for_write(struct qcow2 *q, u64 voff, u64 *l2_off)
 {
 	u64 idx = qcow2_l1_index(&q->hdr, voff), old_l2, new_l2, entry;
 	const char *err;
-	LIST_HEAD(frees);
 	int r;
 
 	mutex_lock(&q->alloc_lock);
@@ -944,26 +1005,19 @@ int qcow2_l2_for_write(struct qcow2 *q, u64 voff, u64 *l2_off)
 	if (r)
 		goto out;
 	r = write_new_l2(q, old_l2, new_l2);
-	if (!r)
-		r = sync_locked(q, &frees, U64_MAX);
-	apply_frees(q, &frees);
 	if (r) {
 		refcount_update_locked(q, new_l2, -1);
 		goto out;
 	}
-	entry = new_l2 | QCOW2_OFLAG_COPIED;
-	r = write_table_block(q, q->l1, idx, entry, q->hdr.l1_table_offset);
-	if (!r)
-		r = qcow2_io_flush(&q->io);
-	if (r) {
-		qcow2_meta_error(q, r);
-		goto out;
-	}
-	WRITE_ONCE(q->l1[idx], entry);
+	set_l1_entry(q, idx, new_l2 | QCOW2_OFLAG_COPIED);
 	meta_mark(q, new_l2, QCOW2_META_L2, GFP_NOIO);
-	/* The old table stays the snapshot's; we drop our reference */
+	/*
+	 * The old table stays the snapshot's. Our reference goes once the
+	 * new entry is on disk: before, the old entry there would point at
+	 * a table with refcount one and no COPIED flag, a corruption.
+	 */
 	if (old_l2)
-		refcount_update_locked(q, old_l2, -1);
+		qcow2_defer_free(q, old_l2, q->hdr.cluster_size);
 	*l2_off = new_l2;
 out:
 	mutex_unlock(&q->alloc_lock);
@@ -1240,6 +1294,9 @@ static int load_l1(struct qcow2 *q)
 	q->l1_loaded = min(h->l1_size, round_up(q->l1_entries, per_block));
 	q->l1 = load_table(q, h->l1_table_offset, q->l1_loaded,
 			   round_up(max(q->l1_loaded, 1U), per_block));
+	/* What is in memory is what is on disk (a reload follows a sync) */
+	q->l1_dirty_first = U64_MAX;
+	q->l1_dirty_last = 0;
 	return q->l1 ? 0 : -EIO;
 }
 

@@ -194,6 +194,12 @@ struct qcow2 {
 	u64 *l1;			/* active L1 table, CPU byte order */
 	u32 l1_entries;			/* entries that map the virtual size */
 	u32 l1_loaded;			/* entries in memory (whole blocks) */
+	/*
+	 * L1 entries set in memory since the last writeback (first > last:
+	 * none), under lock; cleared by qcow2_sync() once written.
+	 */
+	u64 l1_dirty_first;
+	u64 l1_dirty_last;
 	u64 *reftable;			/* writable only, CPU byte order */
 	u32 rt_entries;
 	u8 *hdr_block;			/* first meta_block bytes of the image */
@@ -222,7 +228,7 @@ struct qcow2 {
 	atomic64_t allocated;		/* clusters with a non-zero refcount */
 	bool dirty_bit_set;		/* lazy refcounts: we set the dirty bit */
 
-	spinlock_t lock;		/* inflight and frees */
+	spinlock_t lock;		/* inflight, frees, dirty L1 range */
 	struct hlist_head inflight[64];	/* clusters being allocated */
 	wait_queue_head_t inflight_wait;
 	struct list_head frees;		/* refcount decreases waiting for L2 */
