@@ -537,8 +537,9 @@ test_l1_move() {
 }
 
 # Lazy refcounts: the same kind of workload on a lazy_refcounts=on image.
-# Past the first mark (an acknowledged write) the dirty bit is set; a
-# dirty image is refused for writing with a message naming "qemu-img
+# Past the first mark (an acknowledged write) the dirty bit is set until
+# the clean removal, past the mark "removal", clears it (the image must
+# then pass the usual checks); a dirty image is refused for writing with a message naming "qemu-img
 # check -r all", after which it is clean and holds the acknowledged data.
 # An image not (yet) dirty gets the usual checks. The refusal needs the
 # kernel: checked in the guest only (on a few points when the rest are
@@ -546,7 +547,7 @@ test_l1_move() {
 check_lazy_point() {
 	local img=$PWD/$1 mark=$2 dirty len
 	dirty=$(($(hdr_byte "$img" $DIRTY_BYTE) & DIRTY_BIT))
-	[ "$mark" = - ] || [ $dirty = 1 ] ||
+	[ "$mark" = - ] || [ "$mark" = removal ] || [ $dirty = 1 ] ||
 		fail "dirty bit clear after an acknowledged write" || return 1
 	if [ $dirty = 0 ]; then
 		check_point "$1" "$mark"
@@ -593,6 +594,7 @@ test_lazy_refcounts() {
 		STEP_CS=4096 STEP_FILL=0 io_step "$k" $((k % 250 + 1)) "${w[@]}" ||
 			return 1
 	done
+	lw_mark removal || return 1
 	lw_down || return 1
 	[ $(($(hdr_byte "$img" $DIRTY_BYTE) & DIRTY_BIT)) = 0 ] ||
 		fail "dirty bit set after a clean removal" || return 1
