@@ -457,8 +457,9 @@ static bool l1_dirty(struct qcow2 *q)
 }
 
 /*
- * Write the blocks of the L1 table holding entries set since the last
- * writeback. Called by sync_locked() with meta_sem held for writing: no
+ * Write the blocks of the L1 table from the first to the last entry set
+ * since the last writeback (blocks in between are rewritten as they are
+ * on disk). Called by sync_locked() with meta_sem held for writing: no
  * entry is set meanwhile (see set_l1_entry()).
  */
 static int write_l1_dirty(struct qcow2 *q)
@@ -558,9 +559,9 @@ int qcow2_sync(struct qcow2 *q)
 /*
  * Is every mapping we made durable already? Then a FUA write to a cluster
  * we own needs no write-back before it, only its own data made durable.
- * Slices are marked clean only after their write is counted (see
- * qcow2_io_write_meta()), so none dirty and every counted write flushed
- * means the tables on disk say what the cache says.
+ * Slices, and the dirty L1 range, are marked clean only after their
+ * write is counted (see qcow2_io_write_meta()), so none dirty and every
+ * counted write flushed means the tables on disk say what memory says.
  */
 bool qcow2_meta_durable(struct qcow2 *q)
 {
