@@ -539,8 +539,9 @@ test_l1_move() {
 # Lazy refcounts: the same kind of workload on a lazy_refcounts=on image.
 # Past the first mark (an acknowledged write) the dirty bit is set until
 # the clean removal, past the mark "removal", clears it (the image must
-# then pass the usual checks); a dirty image is refused for writing with a message naming "qemu-img
-# check -r all", after which it is clean and holds the acknowledged data.
+# then pass the usual checks); a dirty image is refused for writing with
+# a message naming "qemu-img check -r all", after which it is clean and
+# holds the acknowledged data.
 # An image not (yet) dirty gets the usual checks. The refusal needs the
 # kernel: checked in the guest only (on a few points when the rest are
 # checked on the host).
