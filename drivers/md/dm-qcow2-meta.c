@@ -18,9 +18,12 @@
  *    entry is written by the next qcow2_sync() with the L2 slices, after
  *    the flush that made the table and its refcount durable. A table it
  *    replaces (a snapshot's) loses our reference as a deferred free, once
- *    the new entry is on disk. New refcount blocks
- *    and a grown refcount table are written and flushed before the
- *    refcount table entry or the header that points at them.
+ *    the new entry is on disk.
+ *  - A new refcount block is written before its refcount table entry is
+ *    set in memory; qcow2_sync() writes that entry after the refcount
+ *    flush and flushes it before writing any L1 or L2 entry. A grown
+ *    refcount table is written and flushed before the header points at
+ *    it.
  * A crash can therefore leak clusters, never leave a reference to a
  * cluster whose refcount is zero.
  */
@@ -451,45 +454,68 @@ static void apply_frees(struct qcow2 *q, struct list_head *frees)
 
 /* ---- Writeback ---- */
 
-static bool l1_dirty(struct qcow2 *q)
+static bool dirty_any(struct qcow2_dirty *d)
 {
-	return READ_ONCE(q->l1_dirty_first) <= READ_ONCE(q->l1_dirty_last);
+	return READ_ONCE(d->first) <= READ_ONCE(d->last);
+}
+
+static void dirty_clear(struct qcow2 *q, struct qcow2_dirty *d)
+{
+	spin_lock(&q->lock);
+	d->first = U64_MAX;
+	d->last = 0;
+	spin_unlock(&q->lock);
 }
 
 /*
- * Write the blocks of the L1 table from the first to the last entry set
- * since the last writeback (blocks in between are rewritten as they are
- * on disk). Called by sync_locked() with meta_sem held for writing: no
- * entry is set meanwhile (see set_l1_entry()).
+ * Write the blocks of an in-memory @table (at @table_off in the image)
+ * from the first to the last entry set since the last writeback (blocks
+ * in between are rewritten as they are on disk). Called by sync_locked()
+ * with meta_sem held for writing: no entry is set, and the table does
+ * not move, meanwhile (see set_table_entry(), grow_reftable()).
  */
-static int write_l1_dirty(struct qcow2 *q)
+static int write_dirty_blocks(struct qcow2 *q, struct qcow2_dirty *d,
+			      const u64 *table, u64 table_off)
 {
 	unsigned int per_block = q->meta_block / sizeof(u64);
 	u64 first, last, i;
 	int r = 0;
 
 	spin_lock(&q->lock);
-	first = q->l1_dirty_first;
-	last = q->l1_dirty_last;
+	first = d->first;
+	last = d->last;
 	spin_unlock(&q->lock);
 	if (first > last)
 		return 0;
 	for (i = round_down(first, per_block); !r && i <= last; i += per_block)
-		r = write_table_block(q, q->l1, i, q->l1[i],
-				      q->hdr.l1_table_offset);
+		r = write_table_block(q, table, i, table[i], table_off);
 	if (r)
 		return r;
 	/* Clean only once the writes are counted: see qcow2_meta_durable() */
-	spin_lock(&q->lock);
-	q->l1_dirty_first = U64_MAX;
-	q->l1_dirty_last = 0;
-	spin_unlock(&q->lock);
+	dirty_clear(q, d);
 	return 0;
 }
 
 /*
+ * New refcount blocks are durable (the caller flushed): write the
+ * refcount table entries that point at them, and flush them before any
+ * L1 or L2 entry that maps a cluster they count can reach the disk.
+ */
+static int write_reftable_dirty(struct qcow2 *q)
+{
+	int r;
+
+	if (!dirty_any(&q->rt_dirty))
+		return 0;
+	r = write_dirty_blocks(q, &q->rt_dirty, q->reftable,
+			       q->hdr.refcount_table_offset);
+	return r ? r : qcow2_io_flush(&q->io);
+}
+
+/*
  * Make every write completed so far, and the metadata it needs, durable:
- * refcounts first, a flush, then L1 entries and L2 tables, a flush. Then
+ * refcounts first, a flush, new refcount table entries and a flush if
+ * any, then L1 entries and L2 tables, a flush. Then
  * apply the refcount decreases whose table changes are now on disk; they
  * are written by the next sync.
  */
@@ -514,8 +540,11 @@ static int sync_locked(struct qcow2 *q, struct list_head *frees, u64 ticket)
 	r = qcow2_cache_write_dirty(&q->cache, QCOW2_SLICE_REFCOUNT);
 	if (!r)
 		r = qcow2_io_flush(&q->io);
-	if (!r && (qcow2_cache_nr_dirty(&q->cache) || l1_dirty(q))) {
-		r = write_l1_dirty(q);
+	if (!r)
+		r = write_reftable_dirty(q);
+	if (!r && (qcow2_cache_nr_dirty(&q->cache) || dirty_any(&q->l1_dirty))) {
+		r = write_dirty_blocks(q, &q->l1_dirty, q->l1,
+				       q->hdr.l1_table_offset);
 		if (!r)
 			r = qcow2_cache_write_dirty(&q->cache, QCOW2_SLICE_L2);
 		if (!r)
@@ -559,13 +588,15 @@ int qcow2_sync(struct qcow2 *q)
 /*
  * Is every mapping we made durable already? Then a FUA write to a cluster
  * we own needs no write-back before it, only its own data made durable.
- * Slices, and the dirty L1 range, are marked clean only after their
- * write is counted (see qcow2_io_write_meta()), so none dirty and every
- * counted write flushed means the tables on disk say what memory says.
+ * Slices, and the dirty L1 and refcount table ranges, are marked clean
+ * only after their write is counted (see qcow2_io_write_meta()), so none
+ * dirty and every counted write flushed means the tables on disk say
+ * what memory says.
  */
 bool qcow2_meta_durable(struct qcow2 *q)
 {
-	return !qcow2_cache_nr_dirty(&q->cache) && !l1_dirty(q) &&
+	return !qcow2_cache_nr_dirty(&q->cache) &&
+	       !dirty_any(&q->l1_dirty) && !dirty_any(&q->rt_dirty) &&
 	       qcow2_io_meta_flushed(&q->io);
 }
 
@@ -631,9 +662,34 @@ static void *new_refblock(struct qcow2 *q, u64 first, u64 start, u64 count)
 }
 
 /*
+ * Put a new L1 or refcount table entry in memory, to be written by the
+ * next writeback after the flush of the refcounts it depends on (see
+ * sync_locked()). meta_sem keeps a writeback from starting in between:
+ * one already begun writes neither the entry nor its range, one that
+ * begins after writes both. Called with alloc_lock held.
+ */
+static void set_table_entry(struct qcow2 *q, struct qcow2_dirty *d,
+			    u64 *table, u64 idx, u64 entry)
+{
+	down_read(&q->meta_sem);
+	spin_lock(&q->lock);
+	d->first = min(d->first, idx);
+	d->last = max(d->last, idx);
+	spin_unlock(&q->lock);
+	/* Dirty before a bio can use the entry: see qcow2_meta_durable() */
+	smp_wmb();
+	WRITE_ONCE(table[idx], entry);
+	up_read(&q->meta_sem);
+}
+
+/*
  * The refcount table has no block for the clusters around @cluster, which
- * is free: put the new block there, describing itself, write and flush
- * it, then point the table at it. Called with alloc_lock held.
+ * is free: put the new block there, describing itself, and write it. Its
+ * table entry is set in memory and reaches the disk with the next
+ * writeback, after a flush that makes the block durable and before any
+ * table entry that maps a cluster it counts. A crash before then leaves
+ * the block unreferenced, and every cluster it counts unreferenced too.
+ * No flush is waited for with alloc_lock held. Called with alloc_lock.
  */
 static int add_refblock(struct qcow2 *q, u64 cluster)
 {
@@ -652,17 +708,9 @@ static int add_refblock(struct qcow2 *q, u64 cluster)
 		return -ENOMEM;
 	r = qcow2_io_write_meta(&q->io, buf, q->hdr.cluster_size, off);
 	kvfree(buf);
-	if (!r)
-		r = qcow2_io_flush(&q->io);
 	if (r)
 		return r;
-	r = write_table_block(q, q->reftable, rt, off,
-			      q->hdr.refcount_table_offset);
-	if (!r)
-		r = qcow2_io_flush(&q->io);
-	if (r)
-		return r;
-	q->reftable[rt] = off;
+	set_table_entry(q, &q->rt_dirty, q->reftable, rt, off);
 	atomic64_inc(&q->allocated);
 	meta_mark(q, off, QCOW2_META_REFBLOCK, GFP_NOIO);
 	return 0;
@@ -768,16 +816,25 @@ static int grow_reftable(struct qcow2 *q, u64 need_rt)
 	if (r)
 		goto out_free;
 
+	/*
+	 * No writeback writes the old table while it moves (it would write
+	 * into clusters freed below). The new one holds every entry not yet
+	 * written, flushed with it above: none is dirty once it is in use.
+	 */
+	down_read(&q->meta_sem);
 	h->refcount_table_offset = (start + nb) << h->cluster_bits;
 	h->refcount_table_clusters = tc;
 	r = write_header(q);
 	if (r) {
 		h->refcount_table_offset = old_off;
 		h->refcount_table_clusters = old_clusters;
+		up_read(&q->meta_sem);
 		goto out_free;
 	}
 	swap(q->reftable, table);
 	q->rt_entries = tc * per_cluster;
+	dirty_clear(q, &q->rt_dirty);
+	up_read(&q->meta_sem);
 	for (i = 0; i < nb; i++)
 		meta_mark(q, (start + i) << h->cluster_bits,
 			  QCOW2_META_REFBLOCK, GFP_NOIO);
@@ -958,29 +1015,10 @@ static int write_new_l2(struct qcow2 *q, u64 old_off, u64 new_off)
 }
 
 /*
- * Put a new L1 entry in memory, to be written by the next writeback after
- * the flush of the refcounts it depends on. meta_sem keeps a writeback
- * from starting in between: one already begun writes neither the entry
- * nor its range, one that begins after writes both.
- */
-static void set_l1_entry(struct qcow2 *q, u64 idx, u64 entry)
-{
-	down_read(&q->meta_sem);
-	spin_lock(&q->lock);
-	q->l1_dirty_first = min(q->l1_dirty_first, idx);
-	q->l1_dirty_last = max(q->l1_dirty_last, idx);
-	spin_unlock(&q->lock);
-	/* Dirty before a bio can use the entry: see qcow2_meta_durable() */
-	smp_wmb();
-	WRITE_ONCE(q->l1[idx], entry);
-	up_read(&q->meta_sem);
-}
-
-/*
  * Return a writable L2 table (COPIED in L1) for guest offset @voff,
  * allocating it, or copying a table shared with a snapshot. The table is
  * written before its entry is set; the entry reaches the disk with the
- * next writeback, after the table and its refcount (set_l1_entry()), so
+ * next writeback, after the table and its refcount (set_table_entry()), so
  * until a flush a crash leaves only the table and what it maps leaked:
  * nothing acknowledged as durable depends on it. No flush is waited for
  * here, with alloc_lock held. Called from workers.
@@ -1010,7 +1048,8 @@ int qcow2_l2_for_write(struct qcow2 *q, u64 voff, u64 *l2_off)
 		refcount_update_locked(q, new_l2, -1);
 		goto out;
 	}
-	set_l1_entry(q, idx, new_l2 | QCOW2_OFLAG_COPIED);
+	set_table_entry(q, &q->l1_dirty, q->l1, idx,
+			new_l2 | QCOW2_OFLAG_COPIED);
 	meta_mark(q, new_l2, QCOW2_META_L2, GFP_NOIO);
 	/*
 	 * The old table stays the snapshot's. Our reference goes once the
@@ -1296,8 +1335,7 @@ static int load_l1(struct qcow2 *q)
 	q->l1 = load_table(q, h->l1_table_offset, q->l1_loaded,
 			   round_up(max(q->l1_loaded, 1U), per_block));
 	/* What is in memory is what is on disk (a reload follows a sync) */
-	q->l1_dirty_first = U64_MAX;
-	q->l1_dirty_last = 0;
+	dirty_clear(q, &q->l1_dirty);
 	return q->l1 ? 0 : -EIO;
 }
 
@@ -1366,6 +1404,7 @@ static int load_refcounts(struct qcow2 *q, const char **err)
 		*err = "Cannot read the refcount table";
 		return -EIO;
 	}
+	dirty_clear(q, &q->rt_dirty);
 	return scan_refcounts(q, err);
 }
 

@@ -170,6 +170,16 @@ enum qcow2_mode {
 	QCOW2_MODE_FAIL,
 };
 
+/*
+ * Entries of an in-memory table (L1, refcount table) set since the last
+ * writeback, first > last when none: under qcow2.lock, cleared by
+ * qcow2_sync() once their blocks are written.
+ */
+struct qcow2_dirty {
+	u64 first;
+	u64 last;
+};
+
 struct qcow2 {
 	struct dm_target *ti;
 	struct qcow2_header hdr;
@@ -194,14 +204,10 @@ struct qcow2 {
 	u64 *l1;			/* active L1 table, CPU byte order */
 	u32 l1_entries;			/* entries that map the virtual size */
 	u32 l1_loaded;			/* entries in memory (whole blocks) */
-	/*
-	 * L1 entries set in memory since the last writeback (first > last:
-	 * none), under lock; cleared by qcow2_sync() once written.
-	 */
-	u64 l1_dirty_first;
-	u64 l1_dirty_last;
+	struct qcow2_dirty l1_dirty;	/* L1 entries not yet written */
 	u64 *reftable;			/* writable only, CPU byte order */
 	u32 rt_entries;
+	struct qcow2_dirty rt_dirty;	/* refcount table entries, same */
 	u8 *hdr_block;			/* first meta_block bytes of the image */
 	/*
 	 * Clusters holding L2 tables (from the L1 table) and refcount
@@ -228,7 +234,7 @@ struct qcow2 {
 	atomic64_t allocated;		/* clusters with a non-zero refcount */
 	bool dirty_bit_set;		/* lazy refcounts: we set the dirty bit */
 
-	spinlock_t lock;		/* inflight, frees, dirty L1 range */
+	spinlock_t lock;		/* inflight, frees, dirty ranges */
 	struct hlist_head inflight[64];	/* clusters being allocated */
 	wait_queue_head_t inflight_wait;
 	struct list_head frees;		/* refcount decreases waiting for L2 */
