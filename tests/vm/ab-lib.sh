@@ -39,14 +39,17 @@ ab_quiesce() {
 
 # ab_images: the image pair a measure gets, in AB_QCOW2 and AB_RAW:
 # p.qcow2 and r.raw, or with AB_EMPTY=1 a new empty qcow2 image and a
-# sparse raw file (1 GiB each), where every write allocates.
+# sparse raw file (1 GiB each), where every write allocates. The empty
+# image takes qemu-img's -o options from QCOW2_AB_OPTS (vm-run passes
+# QCOW2_* into the guest), e.g. refcount_bits=64 for a new refcount
+# block every 512 MiB of host clusters instead of every 2 GiB.
 ab_images() {
 	AB_QCOW2=p.qcow2 AB_RAW=r.raw
 	[ -n "$AB_EMPTY" ] || return 0
 	AB_QCOW2=e.qcow2 AB_RAW=e.raw
 	rm -f e.qcow2 e.raw
-	qemu-img create -q -f qcow2 e.qcow2 1G && truncate -s 1G e.raw &&
-		sync
+	qemu-img create -q -f qcow2 ${QCOW2_AB_OPTS:+-o "$QCOW2_AB_OPTS"} \
+		e.qcow2 1G && truncate -s 1G e.raw && sync
 }
 
 # ab_rounds A.ko B.ko ROUNDS MEASURE: each round and module, load the
