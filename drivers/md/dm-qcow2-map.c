@@ -16,7 +16,9 @@
  * unallocated cluster is read as zeros. Everything else goes to the
  * metadata workqueue, one work item per bio, so that independent clusters
  * are served concurrently:
- *  - cache misses load the slice and continue as above;
+ *  - cache misses load the slice and continue as above; a read that
+ *    missed comes whole (within a group and 4 MiB) and is served as one
+ *    piece when its clusters continue each other, else through a buffer;
  *  - allocating writes (unallocated, zero, or shared clusters) take the
  *    cluster's in-flight slot, so that two bios racing for one cluster
  *    make one allocation, write the whole new cluster (the bio's data, the
@@ -294,11 +296,13 @@ static int chain_read(struct qcow2 *b, u64 voff, u8 *buf, u32 len)
 }
 
 /*
- * Reads served through a buffer: clusters the image does not have (from
- * the chain below), and, given @m, bios that cross subcluster states.
+ * Reads served through a buffer: given @m, bios that cross subcluster
+ * states; else guest data of @layer: the chain below for clusters the
+ * image does not have, or the image itself for a read a worker got whole
+ * over clusters that do not continue each other (read_work()).
  */
 static int read_buffered(struct qcow2 *q, struct bio *bio,
-			 const struct qcow2_l2_map *m)
+			 struct qcow2 *layer, const struct qcow2_l2_map *m)
 {
 	u32 len = bio->bi_iter.bi_size;
 	u64 voff = bio_voff(bio);
@@ -311,7 +315,7 @@ static int read_buffered(struct qcow2 *q, struct bio *bio,
 	if (m)
 		r = sc_view(q, m, voff, buf, len, U32_MAX);
 	else
-		r = chain_read(q->backing, voff, buf, len);
+		r = chain_read(layer, voff, buf, len);
 	if (!r)
 		qcow2_bio_copy_from_buf(bio, buf);
 	else if (r != -EUCLEAN)
@@ -398,7 +402,8 @@ static int map_resolved(struct qcow2 *q, struct bio *bio,
 	case QCOW2_CLUSTER_UNALLOCATED:
 		/* Only from a worker: qcow2_map_bio() defers these */
 		if (q->backing)
-			return map_complete(bio, read_buffered(q, bio, NULL));
+			return map_complete(bio, read_buffered(q, bio, q->backing,
+							       NULL));
 		fallthrough;
 	case QCOW2_CLUSTER_ZERO_PLAIN:
 	case QCOW2_CLUSTER_ZERO_ALLOC:
@@ -1766,13 +1771,59 @@ static void zeroes_work(struct qcow2 *q, struct bio *bio)
 	mapping_done(q, bio, r, "write zeroes", voff);
 }
 
+/*
+ * Does read @bio, which may span clusters (a cache miss sends it whole,
+ * see read_miss_unit()), map to one piece of the image or one state:
+ * within one cluster as its first subcluster says, or over data clusters
+ * that continue each other in the image? Its slice is cached by now.
+ */
+static bool read_one_piece(struct qcow2 *q, struct bio *bio,
+			   struct qcow2_lookup *lk)
+{
+	u64 cs = q->hdr.cluster_size, voff = bio_voff(bio);
+	u64 end = voff + bio->bi_iter.bi_size;
+	u64 next = round_down(voff, cs) + cs, host = lk->m.host_offset + cs;
+	struct qcow2_lookup n;
+
+	if (next >= end)
+		return sc_narrow(q, bio, lk, false);
+	if (lk->m.type != QCOW2_CLUSTER_NORMAL || sc_split(&q->hdr, &lk->m))
+		return false;
+	for (; next < end; next += cs, host += cs)
+		if (map_lookup(q, next, true, &n) ||
+		    n.m.type != QCOW2_CLUSTER_NORMAL ||
+		    n.m.host_offset != host)
+			return false;
+	return true;
+}
+
+/*
+ * A read ->map() could not serve: its slice was not cached, its cluster
+ * is compressed, or the backing chain has it. Served as one piece when
+ * it is one, else through a buffer, cluster by cluster: a worker cannot
+ * cut a bio.
+ */
+static void read_work(struct qcow2 *q, struct bio *bio)
+{
+	struct qcow2_lookup lk;
+	int r;
+
+	r = map_lookup(q, bio_voff(bio), true, &lk);
+	if (r)
+		map_complete(bio, r);
+	else if (read_one_piece(q, bio, &lk))
+		map_resolved(q, bio, &lk, true);
+	else if (bio_clusters(q, bio) == 1)
+		map_complete(bio, read_buffered(q, bio, NULL, &lk.m));
+	else
+		map_complete(bio, read_buffered(q, bio, q, NULL));
+}
+
 static void map_work(struct work_struct *work)
 {
 	struct qcow2_bio *pb = container_of(work, struct qcow2_bio, work);
 	struct bio *bio = dm_bio_from_per_bio_data(pb, sizeof(*pb));
 	struct qcow2 *q = pb->q;
-	struct qcow2_lookup lk;
-	int r;
 
 	if (bio->bi_opf & REQ_PREFLUSH && !bio_sectors(bio)) {
 		map_complete(bio, qcow2_sync(q));
@@ -1790,13 +1841,7 @@ static void map_work(struct work_struct *work)
 		write_work(q, bio);
 		return;
 	}
-	r = map_lookup(q, bio_voff(bio), true, &lk);
-	if (r)
-		map_complete(bio, r);
-	else if (!sc_narrow(q, bio, &lk, false))
-		map_complete(bio, read_buffered(q, bio, &lk.m));
-	else
-		map_resolved(q, bio, &lk, true);
+	read_work(q, bio);
 }
 
 static int defer(struct qcow2 *q, struct bio *bio)
@@ -1924,6 +1969,23 @@ static void cut_to_cluster(struct qcow2 *q, struct bio *bio)
 }
 
 /*
+ * A read whose slice is not cached goes to a worker with this much of it
+ * at most: a group, within one L2 slice, and 4 MiB, the largest buffer
+ * read_work() reads through when the clusters do not continue each other
+ * in the image. Cut to a cluster, a large read would reach the workers
+ * in pieces of one cluster each: every bio ->map() meets while the slice
+ * loads misses too. With subclusters, one cluster as before.
+ */
+static u64 read_miss_unit(struct qcow2 *q)
+{
+	u64 cs = q->hdr.cluster_size;
+
+	if (q->hdr.extended_l2)
+		return cs;
+	return min_t(u64, cs << QCOW2_GROUP_BITS, SZ_4M);
+}
+
+/*
  * A bio may span clusters. ->map() serves it whole while its clusters
  * continue the first one's host run (data clusters next to each other in
  * the image, each writable in place for a write, slices cached), and
@@ -2008,8 +2070,9 @@ int qcow2_map_bio(struct qcow2 *q, struct bio *bio)
 		cut_to(bio, (u64)q->hdr.cluster_size << QCOW2_GROUP_BITS);
 		return defer_write(q, bio, false);
 	}
-	if (r) {
-		/* A read's worker maps it all from its first cluster's entry */
+	if (r == -EAGAIN) {
+		cut_to(bio, read_miss_unit(q));
+	} else if (r) {
 		cut_to_cluster(q, bio);
 	} else {
 		map_extend(q, bio, &lk, write, false);

@@ -135,3 +135,49 @@ test_status_and_table() {
 	[ "${11}" = ok ] || fail "health ${11}" || return 1
 	dm_remove st
 }
+
+# ---- large reads on a device just created --------------------------------------
+
+# cold_case OPTS MIB: large direct reads, each on a device just created
+# so that no slice is cached. A read that misses goes to a worker whole
+# (within a group of clusters and 4 MiB), which serves it as one piece
+# when its clusters continue each other in the image and through a buffer
+# when they do not. The image has a compressed backing file, a run
+# written in order (contiguous clusters), clusters written in random
+# order, zero clusters and a discarded range; reads of 4 MiB, 1 MiB and
+# 200 KiB start off the cluster grid.
+cold_case() {
+	local opts=$1 size=$(($2 << 20)) img=$PWD/cold.qcow2
+	local base=$PWD/cold-base.qcow2 ref=$PWD/cold.raw bs skip
+	rm -f "$img" "$base" "$ref" cold-src.raw
+	# 4 KiB blocks, compressible (text naming the block) or random
+	must python3 -c "import random
+r = random.Random(7)
+with open('cold-src.raw', 'wb') as f:
+    for o in range(0, $size, 4096):
+        f.write(b'%015x\\n' % o * 256 if r.random() < 0.8
+                else r.randbytes(4096))" || return 1
+	must qemu-img convert -c -f raw -O qcow2 cold-src.raw "$base" || return 1
+	must qemu-img create -q -f qcow2 -o "$opts" -b "$base" -F qcow2 \
+		"$img" "$size" || return 1
+	must qemu-io -f qcow2 -c "write -P 0x11 0 $((size / 4))" "$img" ||
+		return 1
+	fill_image "$img" 31 || return 1
+	must qemu-img check "$img" || return 1
+	must qemu-img convert -O raw "$img" "$ref" || return 1
+	for bs in 4M:0 1M:3584 200K:12800; do
+		skip=${bs#*:} bs=${bs%:*}
+		dm_create cold "$img 2 backing $base" --readonly || return 1
+		must dd if=/dev/mapper/cold of=cold.out bs="$bs" skip="$skip" \
+			iflag=direct,skip_bytes || return 1
+		dm_remove cold || return 1
+		cmp -s cold.out <(tail -c +$((skip + 1)) "$ref") ||
+			fail "$bs reads from byte $skip differ from the image" ||
+			return 1
+	done
+	rm -f "$img" "$base" "$ref" cold-src.raw cold.out
+}
+test_cold_c64k()	{ cold_case cluster_size=64k 32; }
+test_cold_c512()	{ cold_case cluster_size=512 8; }
+test_cold_c2m()		{ cold_case cluster_size=2M 64; }
+test_cold_c64k_l2x()	{ cold_case cluster_size=64k,extended_l2=on 32; }
