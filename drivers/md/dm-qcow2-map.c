@@ -263,10 +263,11 @@ static int chain_read_cluster(struct qcow2 *b, u64 voff, u8 *buf, u32 len)
 }
 
 /*
- * Read guest data of a backing layer, synchronously (workers only):
- * zeros past its end (it may be shorter than the image above it), raw
- * layers read as they are, qcow2 layers cluster by cluster, down the
- * chain where they have nothing. The depth is bounded by QCOW2_MAX_CHAIN.
+ * Read guest data of a layer, synchronously (workers only): a backing
+ * layer, or the image itself for read_work(). Zeros past its end (it may
+ * be shorter than the image above it), raw layers read as they are,
+ * qcow2 layers cluster by cluster, down the chain where they have
+ * nothing. The depth is bounded by QCOW2_MAX_CHAIN.
  */
 static int chain_read(struct qcow2 *b, u64 voff, u8 *buf, u32 len)
 {
@@ -338,6 +339,18 @@ static bool writable_in_place(struct qcow2 *q, const struct qcow2_lookup *lk,
 		return true;
 	mask = sc_mask(&q->hdr, voff, len);
 	return (lk->m.sc_alloc & mask) == mask;
+}
+
+/*
+ * Does the cluster at @voff, looked up in @n, continue a run of data
+ * clusters at host offset @host (and may a @write go there in place)?
+ * One bio serves such a run as one piece of the image.
+ */
+static bool run_continues(struct qcow2 *q, const struct qcow2_lookup *n,
+			  u64 voff, u64 host, bool write)
+{
+	return n->m.type == QCOW2_CLUSTER_NORMAL && n->m.host_offset == host &&
+	       (!write || writable_in_place(q, n, voff, q->hdr.cluster_size));
 }
 
 /* ---- Dispatch ---- */
@@ -1791,8 +1804,7 @@ static bool read_one_piece(struct qcow2 *q, struct bio *bio,
 		return false;
 	for (; next < end; next += cs, host += cs)
 		if (map_lookup(q, next, true, &n) ||
-		    n.m.type != QCOW2_CLUSTER_NORMAL ||
-		    n.m.host_offset != host)
+		    !run_continues(q, &n, next, host, false))
 			return false;
 	return true;
 }
@@ -2020,9 +2032,7 @@ static void map_extend(struct qcow2 *q, struct bio *bio,
 		if (map_lookup(q, next, false, &n))
 			break;
 		if (fresh ? !fresh_cluster(q, &n) :
-		    n.m.type != QCOW2_CLUSTER_NORMAL ||
-		    n.m.host_offset != host ||
-		    (write && !writable_in_place(q, &n, next, cs)))
+		    !run_continues(q, &n, next, host, write))
 			break;
 	}
 	if (next < end)
