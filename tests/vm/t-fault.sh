@@ -424,7 +424,9 @@ $((s0 + len)) $((sz - s0 - len)) flakey $loop $((s0 + len)) 1 0" || return 1
 # Every write reported done must be in the image afterwards. The first 8
 # go before the flipping starts: once a metadata write fails the device
 # stays read-only, and a qemu-io slow to start under TCG met the first
-# fault on its first write (0 acknowledged: no test at all).
+# fault on its first write (0 acknowledged: no test at all). The rest
+# start with writes failing: under KVM all 152 completed within the
+# first 0.3 s of working writes (0 failed: no test either).
 test_intermittent_sync_bdev() {
 	local img k p cmds=() first=() out acked=0 failed=0 rd=() pid
 	newdir is || return 1
@@ -442,12 +444,13 @@ test_intermittent_sync_bdev() {
 	[ "$(grep -c '^wrote' qio-first.out)" -eq 8 ] ||
 		fail "writes failed before any fault: $(tail -n 3 qio-first.out)" ||
 		return 1
+	fk_switch fk ewrite || return 1
 	(
 		while [ ! -e stop ]; do
-			sleep 0.3
-			fk_switch fk ewrite
 			sleep 0.2
 			fk_switch fk good
+			sleep 0.3
+			fk_switch fk ewrite
 		done
 	) >flip.out 2>&1 &
 	pid=$!
