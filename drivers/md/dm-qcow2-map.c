@@ -1867,10 +1867,13 @@ static int defer(struct qcow2 *q, struct bio *bio)
 	return DM_MAPIO_SUBMITTED;
 }
 
-/* Writes held for the submitter's plug: defer_write() */
+/*
+ * Writes held for the submitter's plug (defer_write()): the batch being
+ * gathered, from @head (its holder; the others on head->batch) to @last.
+ */
 struct qcow2_plug {
 	struct blk_plug_cb cb;
-	struct bio_list bios;
+	struct qcow2_bio *head, *last;
 };
 
 /*
@@ -1899,44 +1902,53 @@ static bool batch_follows(struct qcow2 *q, struct qcow2_bio *head,
 }
 
 /*
- * The plug's end (or its task sleeps): the held writes go to workers,
- * those into clusters that follow each other as one batch, to one
- * worker (write_batch()).
+ * Hold @pb in the batch being gathered if it follows it; otherwise the
+ * batch goes to a worker (write_batch()) and @pb starts the next one. A
+ * batch is closed by the first write that cannot join it, not at the
+ * plug's end: a page cache writing back 100 MB under one plug submits
+ * every bio before it sleeps, and the data would reach the image only
+ * after the last page was mapped. Sequential write-back has sent every
+ * write into the batch's last cluster by then (they parked on its
+ * holder), so the batches are whole.
  */
+static void plug_hold(struct qcow2 *q, struct qcow2_plug *plug,
+		      struct qcow2_bio *pb)
+{
+	struct bio *bio = dm_bio_from_per_bio_data(pb, sizeof(*pb));
+
+	if (plug->head && batch_follows(q, plug->head, plug->last, pb)) {
+		bio_list_add(&plug->head->batch, bio);
+		plug->last = pb;
+		return;
+	}
+	if (plug->head)
+		queue_work(q->meta_wq, &plug->head->work);
+	plug->head = pb;
+	plug->last = pb;
+}
+
+/* The plug's end (or its task sleeps): the last batch goes to a worker. */
 static void qcow2_unplug(struct blk_plug_cb *cb, bool from_schedule)
 {
 	struct qcow2_plug *plug = container_of(cb, struct qcow2_plug, cb);
-	struct qcow2_bio *pb, *head = NULL, *last = NULL;
 	struct qcow2 *q = cb->data;
-	struct bio *bio;
 
-	while ((bio = bio_list_pop(&plug->bios))) {
-		pb = dm_per_bio_data(bio, sizeof(*pb));
-		if (head && batch_follows(q, head, last, pb)) {
-			bio_list_add(&head->batch, bio);
-			last = pb;
-			continue;
-		}
-		if (head)
-			queue_work(q->meta_wq, &head->work);
-		head = pb;
-		last = pb;
-	}
-	if (head)
-		queue_work(q->meta_wq, &head->work);
+	if (plug->head)
+		queue_work(q->meta_wq, &plug->head->work);
 	kfree(plug);
 }
 
 /*
  * A write for the workers (its extent final: within one group) takes the
  * in-flight slots of its clusters here, or parks on their holder without
- * a worker. Its work is queued when the submitter's plug ends (or its
- * task sleeps), as md's raid1 holds its writes: the writes that follow
- * into a cluster being allocated (a page cache's sixteen 4 KiB bios for
- * a new 64 KiB cluster, submitted under one plug) are then parked by the
- * time the holder's worker runs, which takes them into its own write
- * (gather_parked()). Without the plug, that worker woken at once would
- * often write the first bio before the next was submitted.
+ * a worker. Its work is queued when a write that does not follow it comes
+ * under the same plug, or the plug ends (or its task sleeps), as md's
+ * raid1 holds its writes: the writes that follow into a cluster being
+ * allocated (a page cache's sixteen 4 KiB bios for a new 64 KiB cluster,
+ * submitted under one plug) are then parked by the time the holder's
+ * worker runs, which takes them into its own write (gather_parked()).
+ * Without the plug, that worker woken at once would often write the first
+ * bio before the next was submitted.
  *
  * A write that must read its slice first (!@hold) goes to its worker at
  * once: held, the slice would be read only when the plug ends, and
@@ -1947,7 +1959,6 @@ static void qcow2_unplug(struct blk_plug_cb *cb, bool from_schedule)
 static int defer_write(struct qcow2 *q, struct bio *bio, bool hold)
 {
 	struct qcow2_bio *pb = dm_per_bio_data(bio, sizeof(*pb));
-	struct qcow2_plug *plug;
 	struct blk_plug_cb *cb = NULL;
 
 	INIT_WORK(&pb->work, map_work);
@@ -1955,13 +1966,13 @@ static int defer_write(struct qcow2 *q, struct bio *bio, bool hold)
 				    bio_clusters(q, bio)))
 		return DM_MAPIO_SUBMITTED;
 	if (hold)
-		cb = blk_check_plugged(qcow2_unplug, q, sizeof(*plug));
+		cb = blk_check_plugged(qcow2_unplug, q,
+				       sizeof(struct qcow2_plug));
 	if (!cb) {
 		queue_work(q->meta_wq, &pb->work);
 		return DM_MAPIO_SUBMITTED;
 	}
-	plug = container_of(cb, struct qcow2_plug, cb);
-	bio_list_add(&plug->bios, bio);
+	plug_hold(q, container_of(cb, struct qcow2_plug, cb), pb);
 	return DM_MAPIO_SUBMITTED;
 }
 
