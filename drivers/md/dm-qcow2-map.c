@@ -1869,11 +1869,13 @@ static int defer(struct qcow2 *q, struct bio *bio)
 
 /*
  * Writes held for the submitter's plug (defer_write()): the batch being
- * gathered, from @head (its holder; the others on head->batch) to @last.
+ * gathered, @head its holder and the others on head->batch. No lock: a
+ * plug is its task's own, and its callback runs in that task; @head is
+ * queued only once nothing more joins it.
  */
 struct qcow2_plug {
 	struct blk_plug_cb cb;
-	struct qcow2_bio *head, *last;
+	struct qcow2_bio *head;
 };
 
 /*
@@ -1914,17 +1916,18 @@ static bool batch_follows(struct qcow2 *q, struct qcow2_bio *head,
 static void plug_hold(struct qcow2 *q, struct qcow2_plug *plug,
 		      struct qcow2_bio *pb)
 {
+	struct qcow2_bio *head = plug->head, *last = head;
 	struct bio *bio = dm_bio_from_per_bio_data(pb, sizeof(*pb));
 
-	if (plug->head && batch_follows(q, plug->head, plug->last, pb)) {
-		bio_list_add(&plug->head->batch, bio);
-		plug->last = pb;
+	if (head && head->batch.tail)
+		last = dm_per_bio_data(head->batch.tail, sizeof(*last));
+	if (head && batch_follows(q, head, last, pb)) {
+		bio_list_add(&head->batch, bio);
 		return;
 	}
-	if (plug->head)
-		queue_work(q->meta_wq, &plug->head->work);
+	if (head)
+		queue_work(q->meta_wq, &head->work);
 	plug->head = pb;
-	plug->last = pb;
 }
 
 /* The plug's end (or its task sleeps): the last batch goes to a worker. */
@@ -1951,10 +1954,11 @@ static void qcow2_unplug(struct blk_plug_cb *cb, bool from_schedule)
  * bio before the next was submitted.
  *
  * A write that must read its slice first (!@hold) goes to its worker at
- * once: held, the slice would be read only when the plug ends, and
- * every write after it under the same plug (a write-back of many
- * megabytes is one plug) would miss it too and take a worker instead of
- * the fast path. Its neighbours still park on it meanwhile.
+ * once: held, the slice would be read only when its batch went (at the
+ * plug's end if nothing else came), and every write after it under the
+ * same plug (a write-back of many megabytes is one plug) would miss it
+ * too and take a worker instead of the fast path. Its neighbours still
+ * park on it meanwhile.
  */
 static int defer_write(struct qcow2 *q, struct bio *bio, bool hold)
 {

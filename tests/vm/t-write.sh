@@ -700,7 +700,7 @@ test_gather_c2m_file()	{ gather_case cluster_size=2M; }
 test_gather_c64k_loop()	{ gather_case cluster_size=64k loop; }
 
 # The same patterns over a backing layer: write-back's held writes into
-# clusters that follow each other are batched (qcow2_unplug()), but these
+# clusters that follow each other are batched (plug_hold()), but these
 # clusters are filled from the layer below, so each write of the batch
 # goes its own way (copy on write) instead: no batch may be written as
 # one. The zero cluster at 20M (v3) is fresh, but shares its batch with
