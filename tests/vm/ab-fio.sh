@@ -4,7 +4,7 @@
 # tests/vm/ab-dd.sh does with dd: the modules are loaded in turn, each
 # round, and each is measured against loop on a raw file in the same round.
 #
-#   scripts/vm-run --disk 4G --out DIR -- tests/vm/ab-fio.sh [--empty] \
+#   scripts/vm-run --fill --disk 4G --out DIR -- tests/vm/ab-fio.sh [--empty] \
 #	A.ko B.ko [ROUNDS [FIO-ARGS...]]
 #
 # FIO-ARGS default to 4 KiB random writes at iodepth 1 for 5 s
@@ -18,7 +18,8 @@
 # run) and what the scratch disk under the image served: requests, their
 # mean size (KiB) and mean time (us) on the disk: requests smaller than
 # the I/O size, or longer times on the disk, show where a slower run's
-# time went.
+# time went; then how long the disk was busy (ms), how many requests it
+# held on average while busy, and how many flushes it served.
 set -u
 [ "${1:-}" != --empty ] || { AB_EMPTY=1; shift; }
 # shellcheck source=tests/vm/ab-lib.sh
@@ -54,11 +55,14 @@ ios = sum(job[d]["total_ios"] for d in ("read", "write"))
 iops = sum(job[d]["iops"] for d in ("read", "write"))
 d = max(("read", "write"), key=lambda k: job[k]["total_ios"])
 lat = job[d]
+# then in flight, busy ms, ms waited in all, and (from 5.5 on) the flushes
+busy, queued = st[9], st[10]
+flushes = st[15] if len(st) > 15 else 0
 print("%s %.0f IOPS slat %.0f clat %.0f us sys/io %.0f us"
-      " disk %d req %.0f KiB %.0f us" % (
+      " disk %d req %.0f KiB %.0f us busy %d ms depth %.1f flush %d" % (
     label, iops, lat["slat_ns"]["mean"] / 1000, lat["clat_ns"]["mean"] / 1000,
     (c1 - c0) * 1e4 / max(ios, 1), reqs, sectors / 2 / max(reqs, 1),
-    ms * 1000 / max(reqs, 1)))
+    ms * 1000 / max(reqs, 1), busy, queued / max(busy, 1), flushes))
 PY
 }
 
