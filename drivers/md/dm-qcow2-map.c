@@ -608,7 +608,14 @@ static int fill_segments(struct qcow2 *q, struct bio_vec *bv,
 	return 0;
 }
 
-/* Append the segments of bytes [@skip, @skip + @len) of @bio's data. */
+/*
+ * Append the segments of bytes [@skip, @skip + @len) of @bio's data, as
+ * many pages to a segment as the bio has them (no more entries than
+ * bio_segments() counts): the disk below takes a request of as many
+ * segments as it allows, not as many pages, so single pages would cut
+ * a large write into requests of 1 MiB or less, where loop's are larger.
+ * The offset of each is brought within its first page.
+ */
 static void bio_range_segments(struct bio *bio, u32 skip, u32 len,
 			       struct bio_vec *vec, unsigned int *nr)
 {
@@ -617,8 +624,11 @@ static void bio_range_segments(struct bio *bio, u32 skip, u32 len,
 
 	bio_advance_iter(bio, &iter, skip);
 	iter.bi_size = len;
-	__bio_for_each_segment(bv, bio, it, iter)
+	__bio_for_each_bvec(bv, bio, it, iter) {
+		bv.bv_page += bv.bv_offset >> PAGE_SHIFT;
+		bv.bv_offset &= ~PAGE_MASK;
 		vec[(*nr)++] = bv;
+	}
 }
 
 /*
