@@ -6,7 +6,8 @@
 # file in the same round. Runs in a scripts/vm-run guest with a scratch
 # disk (/dev/vda, formatted here):
 #
-#   scripts/vm-run --fill --disk 4G --out DIR -- tests/vm/ab-dd.sh A.ko B.ko [ROUNDS]
+#   scripts/vm-run --fill --disk 4G --out DIR -- \
+#	tests/vm/ab-dd.sh A.ko B.ko [ROUNDS]
 #
 # The .ko files must be readable in the guest (not under /tmp, which is
 # the guest's own). Each round and module: create the device on a
