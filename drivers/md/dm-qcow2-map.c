@@ -7,8 +7,9 @@
  * that all need new ones (or a FUA write's run) to a worker whole;
  * otherwise it cuts the bio at the first cluster boundary (dm sends the
  * rest as a new bio). Workers serve a write that spans clusters whole
- * when it still can be, else cluster by cluster (write_each()), so every
- * other path sees one cluster: one L1 and one L2 entry. The L1
+ * when it still can be, else in runs of new clusters and cluster by
+ * cluster (write_each()), so every other path sees one cluster: one L1
+ * and one L2 entry. The L1
  * table is held in memory; L2 entries come from the slice cache. When the
  * slice is cached, ->map() resolves reads, and writes to clusters we own
  * (COPIED in both L1 and L2), on the spot: a block device bio is
@@ -1380,23 +1381,55 @@ static int write_one(struct qcow2 *q, struct bio *bio)
 }
 
 /*
- * A write over clusters of different kinds, cluster by cluster (the
- * paths above see one cluster): each part is served through a view of
- * the bio narrowed to it, and the bio is given back whole.
+ * Bytes of a write at @voff (@len of it left) that a run of at least two
+ * clusters needing new ones with nothing to copy covers, within the
+ * group (one L2 table), or 0 when there is no such run at @voff.
+ */
+static u32 fresh_run(struct qcow2 *q, u64 voff, u32 len)
+{
+	u64 cs = q->hdr.cluster_size, group = cs << QCOW2_GROUP_BITS;
+	u64 end = min(voff + len, round_down(voff, group) + group);
+	u64 next = round_down(voff, cs);
+	struct qcow2_lookup lk;
+
+	for (; next < end; next += cs) {
+		if (map_lookup(q, next, true, &lk) || !fresh_cluster(q, &lk))
+			break;
+	}
+	if (next <= round_down(voff, cs) + cs)
+		return 0;
+	return min(next, end) - voff;
+}
+
+/*
+ * A write over clusters of different kinds: each part is served through
+ * a view of the bio narrowed to it, and the bio is given back whole. A
+ * run of clusters that all need new ones is allocated and written in one
+ * go (write_fresh()); every other part one cluster at a time. A write
+ * parked behind the one allocating its first cluster (a bio that began
+ * mid-cluster) comes back here with that cluster ours and the rest of
+ * its group fresh: cluster by cluster, its group took one synchronous
+ * write per cluster.
  */
 static int write_each(struct qcow2 *q, struct bio *bio)
 {
 	struct bvec_iter whole = bio->bi_iter, cur = whole;
 	u64 cs = q->hdr.cluster_size, voff;
 	int r = 0;
-	u32 n;
+	u32 n, run;
 
 	while (!r && cur.bi_size) {
 		voff = (u64)cur.bi_sector << SECTOR_SHIFT;
-		n = min_t(u64, cur.bi_size, round_down(voff, cs) + cs - voff);
+		run = q->hdr.extended_l2 ? 0 : fresh_run(q, voff, cur.bi_size);
+		n = run ?: min_t(u64, cur.bi_size,
+				 round_down(voff, cs) + cs - voff);
 		bio->bi_iter = cur;
 		bio->bi_iter.bi_size = n;
-		r = write_one(q, bio);
+		if (run)
+			r = write_fresh(q, &bio, 1, voff >> q->hdr.cluster_bits,
+					bio_clusters(q, bio));
+		else
+			r = write_one(q, bio);
 		bio_advance_iter(bio, &cur, n);
 	}
 	bio->bi_iter = whole;

@@ -619,6 +619,45 @@ test_span_mixed_file()	{ span_case cluster_size=64k; }
 test_span_mixed_loop()	{ span_case cluster_size=64k loop; }
 test_span_mixed_c512()	{ span_case cluster_size=512; }
 
+# Sequential direct writes of 1 MiB + 4 KiB into an empty image, eight
+# submitted at once (one plug): each write begins inside the cluster its
+# predecessor ends in, parks on that cluster's allocation and comes back
+# to a worker with its first cluster allocated and the rest of its group
+# new, which it must write as one run (write_each()). Data checked by fio
+# (crc32c), again after re-creation, and against the image; writes must
+# have parked.
+span_parked_case() {
+	local opts=$1 loop=${2:-} img st
+	newdir spp || return 1
+	img=$PWD/pp.qcow2
+	must qemu-img create -q -f qcow2 -o "$opts" "$img" 48M || return 1
+	[ -z "$loop" ] || grow_for_loop "$img" || return 1
+	log "$opts, ${loop:-file}, on $WRITE_DEV"
+	wdev_create pp "$img" ${loop:+"$loop"} || return 1
+	set -- --filename="$WDEV" --direct=1 --ioengine=libaio --iodepth=8 \
+		--name=pp --rw=write --bs=$((1048576 + 4096)) --offset=4096 \
+		--size=40M --verify=crc32c --verify_fatal=1
+	must fio "$@" --iodepth_batch_submit=8 --do_verify=1 >/dev/null ||
+		return 1
+	if [ "$WRITE_DEV" = dm ]; then
+		st=$(dmsetup message pp 0 stats) || fail "no stats" || return 1
+		log "stats: $st"
+		[ "$(stats_field parked "$st")" -gt 0 ] ||
+			fail "no write parked: $st" || return 1
+	fi
+	dump_dev "$WDEV" ref.raw || return 1
+	wdev_remove pp || return 1
+	img_check "$img" || return 1
+	must qemu-img compare -f raw -F qcow2 ref.raw "$img" || return 1
+	wdev_create pp "$img" ${loop:+"$loop"} || return 1
+	must fio "$@" --verify_only >/dev/null || return 1
+	wdev_remove pp || return 1
+	cd .. && rm -rf spp
+}
+
+test_span_parked_file()	{ span_parked_case cluster_size=64k; }
+test_span_parked_loop()	{ span_parked_case cluster_size=64k loop; }
+
 # Through the device's page cache: write-back sends 4 KiB bios, which the
 # file backend merges where they continue each other in the image
 # (clusters written in place, contiguous on the host) and must not merge
