@@ -1381,35 +1381,63 @@ static int write_one(struct qcow2 *q, struct bio *bio)
 }
 
 /*
+ * How many of guest clusters [@first, @first + @nr), from the first on,
+ * need new ones with nothing to copy, or an error.
+ */
+static int fresh_count(struct qcow2 *q, u64 first, u32 nr)
+{
+	struct qcow2_lookup lk;
+	u32 i;
+	int r;
+
+	for (i = 0; i < nr; i++) {
+		r = map_lookup(q, (first + i) << q->hdr.cluster_bits, true,
+			       &lk);
+		if (r)
+			return r;
+		if (!fresh_cluster(q, &lk))
+			break;
+	}
+	return i;
+}
+
+/* Do they all? 1 if so, 0 if not, or an error. */
+static int fresh_range(struct qcow2 *q, u64 first, u32 nr)
+{
+	int r = fresh_count(q, first, nr);
+
+	return r < 0 ? r : (u32)r == nr;
+}
+
+/*
  * Bytes of a write at @voff (@len of it left) that a run of at least two
- * clusters needing new ones with nothing to copy covers, within the
- * group (one L2 table), or 0 when there is no such run at @voff.
+ * clusters needing new ones covers, within the group (one L2 table), or 0
+ * when there is no such run at @voff (or a lookup failed: the caller's
+ * next lookup reports it).
  */
 static u32 fresh_run(struct qcow2 *q, u64 voff, u32 len)
 {
-	u64 cs = q->hdr.cluster_size, group = cs << QCOW2_GROUP_BITS;
+	u64 group = (u64)q->hdr.cluster_size << QCOW2_GROUP_BITS;
 	u64 end = min(voff + len, round_down(voff, group) + group);
-	u64 next = round_down(voff, cs);
-	struct qcow2_lookup lk;
+	u64 first = voff >> q->hdr.cluster_bits;
+	int n = fresh_count(q, first,
+			    ((end - 1) >> q->hdr.cluster_bits) - first + 1);
 
-	for (; next < end; next += cs) {
-		if (map_lookup(q, next, true, &lk) || !fresh_cluster(q, &lk))
-			break;
-	}
-	if (next <= round_down(voff, cs) + cs)
+	if (n < 2)
 		return 0;
-	return min(next, end) - voff;
+	return min((first + n) << q->hdr.cluster_bits, end) - voff;
 }
 
 /*
  * A write over clusters of different kinds: each part is served through
  * a view of the bio narrowed to it, and the bio is given back whole. A
  * run of clusters that all need new ones is allocated and written in one
- * go (write_fresh()); every other part one cluster at a time. A write
- * parked behind the one allocating its first cluster (a bio that began
- * mid-cluster) comes back here with that cluster ours and the rest of
- * its group fresh: cluster by cluster, its group took one synchronous
- * write per cluster.
+ * go (write_fresh()); every other part one cluster at a time. What
+ * fresh_run() saw holds until the run is mapped: the bio holds the
+ * in-flight slots of all its clusters. A write parked behind the one
+ * allocating its first cluster (a bio that began mid-cluster) comes back
+ * here with that cluster ours and the rest of its group fresh; cluster
+ * by cluster, that group would take one synchronous write per cluster.
  */
 static int write_each(struct qcow2 *q, struct bio *bio)
 {
@@ -1420,7 +1448,7 @@ static int write_each(struct qcow2 *q, struct bio *bio)
 
 	while (!r && cur.bi_size) {
 		voff = (u64)cur.bi_sector << SECTOR_SHIFT;
-		run = q->hdr.extended_l2 ? 0 : fresh_run(q, voff, cur.bi_size);
+		run = fresh_run(q, voff, cur.bi_size);
 		n = run ?: min_t(u64, cur.bi_size,
 				 round_down(voff, cs) + cs - voff);
 		bio->bi_iter = cur;
@@ -1437,27 +1465,6 @@ static int write_each(struct qcow2 *q, struct bio *bio)
 }
 
 /* ---- Batches of held writes ---- */
-
-/*
- * Do guest clusters [@first, @first + @nr) all need new ones with
- * nothing to copy? 1 if so, 0 if not, or an error.
- */
-static int fresh_range(struct qcow2 *q, u64 first, u32 nr)
-{
-	struct qcow2_lookup lk;
-	u32 i;
-	int r;
-
-	for (i = 0; i < nr; i++) {
-		r = map_lookup(q, (first + i) << q->hdr.cluster_bits, true,
-			       &lk);
-		if (r)
-			return r;
-		if (!fresh_cluster(q, &lk))
-			return 0;
-	}
-	return 1;
-}
 
 /*
  * The bios of a batch (@held: the slot holders) and the writes parked on
