@@ -627,7 +627,7 @@ test_span_mixed_c512()	{ span_case cluster_size=512; }
 # (crc32c), again after re-creation, and against the image; writes must
 # have parked.
 span_parked_case() {
-	local opts=$1 loop=${2:-} img st
+	local opts=$1 loop=${2:-} img
 	newdir spp || return 1
 	img=$PWD/pp.qcow2
 	must qemu-img create -q -f qcow2 -o "$opts" "$img" 48M || return 1
@@ -639,12 +639,7 @@ span_parked_case() {
 		--size=40M --verify=crc32c --verify_fatal=1
 	must fio "$@" --iodepth_batch_submit=8 --do_verify=1 >/dev/null ||
 		return 1
-	if [ "$WRITE_DEV" = dm ]; then
-		st=$(dmsetup message pp 0 stats) || fail "no stats" || return 1
-		log "stats: $st"
-		[ "$(stats_field parked "$st")" -gt 0 ] ||
-			fail "no write parked: $st" || return 1
-	fi
+	stats_positive pp parked || return 1
 	dump_dev "$WDEV" ref.raw || return 1
 	wdev_remove pp || return 1
 	img_check "$img" || return 1
@@ -695,6 +690,20 @@ stats_field() {
 		if ($i == k) v = $(i + 1) } END { print v + 0 }'
 }
 
+# stats_positive NAME COUNTER...: on dm, log device NAME's stats message
+# and fail unless every COUNTER in it is above zero.
+stats_positive() {
+	local name=$1 st c
+	shift
+	[ "$WRITE_DEV" = dm ] || return 0
+	st=$(dmsetup message "$name" 0 stats) || fail "no stats" || return 1
+	log "stats: $st"
+	for c; do
+		[ "$(stats_field "$c" "$st")" -gt 0 ] ||
+			fail "no write counted as $c: $st" || return 1
+	done
+}
+
 # Page-cache write-back into new clusters sends a 4 KiB bio per page: the
 # first bio of a cluster allocates it, the others park on that write and
 # are written with it (gathered), zeros between them where no page was
@@ -705,7 +714,7 @@ stats_field() {
 # image must show what the raw copy shows, and the stats message must
 # count gathered writes.
 gather_case() {
-	local opts=$1 backend=${2:-} img st n
+	local opts=$1 backend=${2:-} img
 	newdir ga || return 1
 	img=$PWD/g.qcow2
 	must qemu-img create -q -f qcow2 -o "$opts" "$img" 32M || return 1
@@ -716,14 +725,7 @@ gather_case() {
 	wdev_create ga "$img" $backend || return 1
 	must python3 "$QCOW2_TOP/tests/vm/gather-writes.py" "$WDEV" ref.raw ||
 		return 1
-	if [ "$WRITE_DEV" = dm ]; then
-		st=$(dmsetup message ga 0 stats) || fail "no stats" || return 1
-		log "stats: $st"
-		[ "$(stats_field gathered "$st")" -gt 0 ] ||
-			fail "no write was gathered: $st" || return 1
-		[ "$(stats_field batched "$st")" -gt 0 ] ||
-			fail "no write was batched: $st" || return 1
-	fi
+	stats_positive ga gathered batched || return 1
 	dump_dev "$WDEV" dev.raw || return 1
 	must cmp ref.raw dev.raw || return 1
 	wdev_remove ga || return 1
