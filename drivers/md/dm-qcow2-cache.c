@@ -88,6 +88,11 @@ static void cache_put(struct qcow2_cache *c, struct qcow2_slice *s)
 	spin_lock(&c->lock);
 	if (!--s->ref) {
 		if (test_bit(SLICE_ERROR, &s->flags)) {
+			/* Forgotten while pinned, and changed meanwhile */
+			if (test_and_clear_bit(SLICE_DIRTY, &s->flags)) {
+				list_del_init(&s->lru);
+				c->nr_dirty--;
+			}
 			c->nr_slices--;
 			release = true;
 		} else if (test_bit(SLICE_DIRTY, &s->flags)) {
@@ -342,7 +347,7 @@ int qcow2_cache_write_dirty(struct qcow2_cache *c, enum qcow2_slice_kind kind)
 
 	spin_lock(&c->lock);
 	list_for_each_entry_safe(s, tmp, &c->dirty, lru) {
-		if ((s->key & 1) != kind)
+		if ((s->key & 1) != kind || test_bit(SLICE_ERROR, &s->flags))
 			continue;
 		s->ref++;
 		list_move_tail(&s->lru, &wb);
@@ -382,6 +387,45 @@ void qcow2_cache_invalidate(struct qcow2_cache *c)
 	spin_unlock(&c->lock);
 	list_for_each_entry_safe(s, tmp, &drop, lru)
 		slice_free(s);
+}
+
+/*
+ * The cluster at [@off, @off + @len) was freed: its slices, of either
+ * kind, describe nothing any more, and the cluster may be reused, as a
+ * table or as data. They go now, dirty or not (never written back); one
+ * pinned is unhashed and goes with its last user. The caller keeps
+ * writeback away meanwhile (it holds meta_sem shared).
+ */
+void qcow2_cache_forget(struct qcow2_cache *c, u64 off, u64 len)
+{
+	struct qcow2_slice *s;
+	LIST_HEAD(drop);
+	u64 at;
+	int kind;
+
+	spin_lock(&c->lock);
+	for (kind = QCOW2_SLICE_L2; kind <= QCOW2_SLICE_REFCOUNT; kind++) {
+		for (at = off; at < off + len; at += c->slice_size) {
+			s = cache_find(c, slice_key(kind, at));
+			if (!s)
+				continue;
+			hlist_del_init(&s->hash);
+			if (s->ref) {
+				set_bit(SLICE_ERROR, &s->flags);
+				continue;
+			}
+			if (test_and_clear_bit(SLICE_DIRTY, &s->flags))
+				c->nr_dirty--;
+			list_move(&s->lru, &drop);
+			c->nr_slices--;
+		}
+	}
+	spin_unlock(&c->lock);
+	while ((s = list_first_entry_or_null(&drop, struct qcow2_slice, lru))) {
+		list_del(&s->lru);
+		slice_free(s);
+	}
+	wake_up_all(&c->wait);
 }
 
 /* Dirty slices can no longer be written (the device went read-only). */

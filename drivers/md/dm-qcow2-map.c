@@ -379,9 +379,14 @@ static bool sc_narrow(struct qcow2 *q, struct bio *bio,
 	return true;
 }
 
+static bool test_hold(struct qcow2 *q, struct bio *bio, u64 pos);
+
 static int map_data(struct qcow2 *q, struct bio *bio, u64 pos,
 		    bool in_worker)
 {
+	if (unlikely(READ_ONCE(q->test_hold_sector) != (sector_t)-1) &&
+	    test_hold(q, bio, pos))
+		return DM_MAPIO_SUBMITTED;
 	if (q->io.dev) {
 		qcow2_io_bdev_remap(&q->io, bio, pos);
 		if (!in_worker)
@@ -1625,11 +1630,11 @@ static void write_work(struct qcow2 *q, struct bio *bio)
  * Drop one whole guest cluster: its L2 entry becomes unallocated, or a
  * zero cluster where the backing chain would show through (v3 only; a
  * v2 image keeps the data: discard is advisory). The in-flight slot
- * orders this against allocating writes of the cluster; in-place writes
- * from map() are not tracked, so a write racing a discard of the same
- * cluster (which no file system issues) may land in a freed cluster.
- * The host data's
- * reference goes once the L2 change is durable, like any free.
+ * orders this against allocating writes of the cluster. The host data's
+ * reference goes once the L2 change is durable, like any free, and the
+ * cluster is handed out again only after a grace period of q->io_srcu:
+ * a write mapped to it in place before the change (a guest may write,
+ * discard and flush without waiting for the write) lands before then.
  */
 static int discard_cluster(struct qcow2 *q, u64 voff)
 {
@@ -2104,25 +2109,12 @@ static void map_extend(struct qcow2 *q, struct bio *bio,
 		dm_accept_partial_bio(bio, (next - voff) >> SECTOR_SHIFT);
 }
 
-int qcow2_map_bio(struct qcow2 *q, struct bio *bio)
+/* A read or write: served in place from here, or by a worker. */
+static int map_rw(struct qcow2 *q, struct bio *bio)
 {
-	struct qcow2_bio *pb = dm_per_bio_data(bio, sizeof(*pb));
 	struct qcow2_lookup lk;
 	bool write = op_is_write(bio_op(bio));
 	int r;
-
-	pb->q = q;
-	INIT_HLIST_NODE(&pb->inflight);
-	bio_list_init(&pb->waiters);
-	bio_list_init(&pb->batch);
-	if (bio->bi_opf & REQ_PREFLUSH && !bio_sectors(bio))
-		return q->writable ? defer(q, bio) : map_complete(bio, 0);
-	if (write && READ_ONCE(q->mode) != QCOW2_MODE_RW)
-		return DM_MAPIO_KILL;
-	if (bio_op(bio) == REQ_OP_DISCARD || bio_op(bio) == REQ_OP_WRITE_ZEROES)
-		return defer(q, bio);
-	if (bio_op(bio) != REQ_OP_READ && bio_op(bio) != REQ_OP_WRITE)
-		return DM_MAPIO_KILL;
 
 	r = map_lookup(q, bio_voff(bio), false, &lk);
 	if (!r && write && bio->bi_opf & REQ_FUA && !qcow2_meta_durable(q)) {
@@ -2162,4 +2154,143 @@ int qcow2_map_bio(struct qcow2 *q, struct bio *bio)
 	if (r)
 		return DM_MAPIO_KILL;
 	return map_resolved(q, bio, &lk, false);
+}
+
+/*
+ * The read section of a bio, from ->map() to ->end_io(), which may run in
+ * another task or in interrupt context: what srcu_down_read() and
+ * srcu_up_read() (6.3) do, with the primitives both 6.1 and later export.
+ * Sparse sees each half alone: the annotations tell it the section spans
+ * the two.
+ */
+static void io_enter(struct qcow2 *q, struct qcow2_bio *pb)
+{
+	pb->srcu_idx = __srcu_read_lock(&q->io_srcu);
+	__release(&q->io_srcu);
+	pb->in_srcu = true;
+}
+
+static void io_exit(struct qcow2 *q, struct qcow2_bio *pb)
+{
+	__acquire(&q->io_srcu);
+	__srcu_read_unlock(&q->io_srcu, pb->srcu_idx);
+}
+
+/*
+ * Every bio that may reach guest data through a mapping (read, write,
+ * write-zeroes) is a reader of q->io_srcu from here until it ends
+ * (qcow2_bio_end()), whether ->map() remaps it, a worker serves it or it
+ * waits parked or held: no cluster freed meanwhile is handed out again
+ * before it has ended (see grace_start_locked()). Discards and flushes
+ * touch no data.
+ */
+int qcow2_map_bio(struct qcow2 *q, struct bio *bio)
+{
+	struct qcow2_bio *pb = dm_per_bio_data(bio, sizeof(*pb));
+	bool write = op_is_write(bio_op(bio));
+	int r;
+
+	pb->q = q;
+	pb->in_srcu = false;
+	INIT_HLIST_NODE(&pb->inflight);
+	bio_list_init(&pb->waiters);
+	bio_list_init(&pb->batch);
+	if (bio->bi_opf & REQ_PREFLUSH && !bio_sectors(bio))
+		return q->writable ? defer(q, bio) : map_complete(bio, 0);
+	if (write && READ_ONCE(q->mode) != QCOW2_MODE_RW)
+		return DM_MAPIO_KILL;
+	if (bio_op(bio) == REQ_OP_DISCARD)
+		return defer(q, bio);
+	if (bio_op(bio) != REQ_OP_READ && bio_op(bio) != REQ_OP_WRITE &&
+	    bio_op(bio) != REQ_OP_WRITE_ZEROES)
+		return DM_MAPIO_KILL;
+
+	io_enter(q, pb);
+	if (bio_op(bio) == REQ_OP_WRITE_ZEROES)
+		return defer(q, bio);
+	r = map_rw(q, bio);
+	/* dm ends a killed bio without ->end_io() */
+	if (r == DM_MAPIO_KILL)
+		qcow2_bio_end(q, bio);
+	return r;
+}
+
+/* ->end_io(): whatever served the bio is done with its clusters. */
+void qcow2_bio_end(struct qcow2 *q, struct bio *bio)
+{
+	struct qcow2_bio *pb = dm_per_bio_data(bio, sizeof(*pb));
+
+	if (pb->in_srcu) {
+		pb->in_srcu = false;
+		io_exit(q, pb);
+	}
+}
+
+/* ---- Test hooks ---- */
+
+/*
+ * Hold @bio, mapped to @pos, if it is the data bio the test_hold message
+ * named (once): a test then frees and reuses its cluster underneath it
+ * before test_release sends it on, as a slow device below would.
+ */
+static bool test_hold(struct qcow2 *q, struct bio *bio, u64 pos)
+{
+	struct qcow2_bio *pb = dm_per_bio_data(bio, sizeof(*pb));
+	bool hold;
+
+	spin_lock(&q->lock);
+	hold = bio->bi_iter.bi_sector == q->test_hold_sector;
+	if (hold) {
+		q->test_hold_sector = (sector_t)-1;
+		pb->pos = pos;
+		bio_list_add(&q->test_held, bio);
+	}
+	spin_unlock(&q->lock);
+	if (hold)
+		DMINFO("%s: test hook: holding %s at sector %llu",
+		       dm_table_device_name(q->ti->table),
+		       op_is_write(bio_op(bio)) ? "write" : "read",
+		       (u64)bio->bi_iter.bi_sector);
+	return hold;
+}
+
+/* Send the held bios on, as a worker would have. */
+void qcow2_test_release(struct qcow2 *q)
+{
+	struct qcow2_bio *pb;
+	struct bio_list held;
+	struct bio *bio;
+
+	spin_lock(&q->lock);
+	held = q->test_held;
+	bio_list_init(&q->test_held);
+	q->test_hold_sector = (sector_t)-1;
+	spin_unlock(&q->lock);
+	while ((bio = bio_list_pop(&held))) {
+		pb = dm_per_bio_data(bio, sizeof(*pb));
+		map_data(q, bio, pb->pos, true);
+	}
+}
+
+/*
+ * test_hold <sector>: hold the next data bio mapped at that guest sector
+ * (the kernel log says when it is held); test_release: send held bios
+ * on. Only with the test_hooks module parameter set.
+ */
+int qcow2_test_message(struct qcow2 *q, unsigned int argc, char **argv)
+{
+	unsigned long long sector;
+	char dummy;
+
+	if (argc == 2 && !strcasecmp(argv[0], "test_hold") &&
+	    sscanf(argv[1], "%llu%c", &sector, &dummy) == 1 &&
+	    sector != (sector_t)-1) {
+		WRITE_ONCE(q->test_hold_sector, sector);
+		return 0;
+	}
+	if (argc == 1 && !strcasecmp(argv[0], "test_release")) {
+		qcow2_test_release(q);
+		return 0;
+	}
+	return -EINVAL;
 }

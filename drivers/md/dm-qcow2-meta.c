@@ -368,12 +368,24 @@ static int refcount_locate(struct qcow2 *q, u64 cluster, u64 *slice_off,
  */
 static void cluster_freed(struct qcow2 *q, u64 cluster)
 {
+	u64 off = cluster << q->hdr.cluster_bits;
+
+	lockdep_assert_held(&q->alloc_lock);
 	atomic64_dec(&q->allocated);
-	xa_erase(&q->meta, cluster);	/* a freed L2 table, old refcount block */
+	/*
+	 * A freed L2 table or old refcount block: its slices describe
+	 * nothing, and no writeback may write them there any more.
+	 */
+	if (xa_erase(&q->meta, cluster)) {
+		down_read(&q->meta_sem);
+		qcow2_cache_forget(&q->cache, off, q->hdr.cluster_size);
+		up_read(&q->meta_sem);
+	} else {
+		qcow2_zip_forget(&q->zip, off, q->hdr.cluster_size);
+	}
 	if (cluster < q->free_cursor)
 		q->free_cursor = cluster;
-	qcow2_io_discard(&q->io, cluster << q->hdr.cluster_bits,
-			 q->hdr.cluster_size);
+	qcow2_io_discard(&q->io, off, q->hdr.cluster_size);
 }
 
 /*
@@ -433,12 +445,12 @@ void qcow2_defer_free(struct qcow2 *q, u64 host, u64 len)
 	spin_unlock(&q->lock);
 }
 
-/* Called with alloc_lock held. */
 static void apply_frees(struct qcow2 *q, struct list_head *frees)
 {
 	struct qcow2_free *f, *tmp;
 	u64 i;
 
+	lockdep_assert_held(&q->alloc_lock);
 	list_for_each_entry_safe(f, tmp, frees, list) {
 		for (i = 0; i < f->count; i++) {
 			u64 host = f->host + (i << q->hdr.cluster_bits);
@@ -564,10 +576,97 @@ static int sync_locked(struct qcow2 *q, struct list_head *frees, u64 ticket)
 	return r;
 }
 
+/* ---- Frees after a grace period ---- */
+
+static void grace_done(struct rcu_head *head);
+
+/* Start a grace period for the frees ready, if none runs. Under q->lock. */
+static void grace_start_locked(struct qcow2 *q)
+{
+	lockdep_assert_held(&q->lock);
+	if (q->grace_pending || list_empty(&q->frees_ready))
+		return;
+	list_splice_tail_init(&q->frees_ready, &q->frees_grace);
+	q->grace_pending = true;
+	call_srcu(&q->io_srcu, &q->grace_rcu, grace_done);
+}
+
+/*
+ * The grace period is over: no bio that began before it started is in
+ * flight, so none may still reach the clusters of @frees_grace, whose
+ * last mapping had gone before. Runs in softirq context: the refcount
+ * changes sleep, so a worker applies them. Not on sync_wq: the work waits
+ * for alloc_lock, whose holder may wait for room in the cache, that is
+ * for the writeback sync_wq runs.
+ */
+static void grace_done(struct rcu_head *head)
+{
+	struct qcow2 *q = container_of(head, struct qcow2, grace_rcu);
+
+	queue_work(q->meta_wq, &q->grace_work);
+}
+
+static void grace_work_fn(struct work_struct *work)
+{
+	struct qcow2 *q = container_of(work, struct qcow2, grace_work);
+	LIST_HEAD(frees);
+
+	spin_lock(&q->lock);
+	list_splice_init(&q->frees_grace, &frees);
+	spin_unlock(&q->lock);
+	mutex_lock(&q->alloc_lock);
+	apply_frees(q, &frees);
+	mutex_unlock(&q->alloc_lock);
+	spin_lock(&q->lock);
+	q->grace_pending = false;
+	grace_start_locked(q);
+	spin_unlock(&q->lock);
+}
+
+/*
+ * Hand refcount decreases whose table changes are durable to the grace
+ * period machinery. Never waited for here: the caller may itself be
+ * serving a bio (a FUA write), a reader of the grace period.
+ */
+static void frees_after_grace(struct qcow2 *q, struct list_head *frees)
+{
+	if (list_empty(frees))
+		return;
+	spin_lock(&q->lock);
+	list_splice_tail_init(frees, &q->frees_ready);
+	grace_start_locked(q);
+	spin_unlock(&q->lock);
+}
+
+static bool grace_idle(struct qcow2 *q)
+{
+	bool idle;
+
+	spin_lock(&q->lock);
+	idle = !q->grace_pending;
+	spin_unlock(&q->lock);
+	return idle;
+}
+
+/*
+ * Wait until every free handed over has been applied: for deactivation
+ * (no bio in flight, so the grace periods are short) and teardown.
+ */
+void qcow2_frees_wait(struct qcow2 *q)
+{
+	if (!q->io_srcu_ready)
+		return;
+	while (!grace_idle(q)) {
+		srcu_barrier(&q->io_srcu);
+		flush_work(&q->grace_work);
+	}
+}
+
 /*
  * Concurrent callers (a burst of FUA writes or flushes) share writebacks:
  * each waits for one that began after it came, rather than queueing one
- * of its own behind the rest.
+ * of its own behind the rest. The refcount decreases it made durable are
+ * applied after a grace period (frees_after_grace()).
  */
 int qcow2_sync(struct qcow2 *q)
 {
@@ -579,9 +678,7 @@ int qcow2_sync(struct qcow2 *q)
 	smp_mb();
 	ticket = READ_ONCE(q->sync_started);
 	r = sync_locked(q, &frees, ticket);
-	mutex_lock(&q->alloc_lock);
-	apply_frees(q, &frees);
-	mutex_unlock(&q->alloc_lock);
+	frees_after_grace(q, &frees);
 	return r;
 }
 
@@ -1417,6 +1514,9 @@ static int alloc_workqueues(struct qcow2 *q)
 	q->sync_wq = alloc_workqueue("kqcow2s", WQ_MEM_RECLAIM, 1);
 	if (!q->meta_wq || !q->zero_wq || !q->sync_wq)
 		return -ENOMEM;
+	if (init_srcu_struct(&q->io_srcu))
+		return -ENOMEM;
+	q->io_srcu_ready = true;
 	if (!q->io.file)
 		return 0;
 	/*
@@ -1439,10 +1539,15 @@ static void init_state(struct qcow2 *q)
 		INIT_HLIST_HEAD(&q->inflight[i]);
 	init_waitqueue_head(&q->inflight_wait);
 	INIT_LIST_HEAD(&q->frees);
+	INIT_LIST_HEAD(&q->frees_ready);
+	INIT_LIST_HEAD(&q->frees_grace);
+	INIT_WORK(&q->grace_work, grace_work_fn);
 	INIT_WORK(&q->event_work, qcow2_event_work);
 	INIT_WORK(&q->sync_work, sync_work_fn);
 	qcow2_zip_init(&q->zip);
 	xa_init(&q->meta);
+	q->test_hold_sector = (sector_t)-1;
+	bio_list_init(&q->test_held);
 	q->mode = q->writable ? QCOW2_MODE_RW : QCOW2_MODE_RO;
 	/* Block devices need whole logical blocks; files take 512 bytes */
 	q->meta_block = q->io.dev ? max_t(unsigned int, q->io.lbs, 512) : 512;
@@ -1890,7 +1995,12 @@ int qcow2_deactivate(struct qcow2 *q)
 	if (!q->writable || test_bit(QCOW2_F_META_ERROR, &q->flags))
 		return 0;
 	r = qcow2_sync(q);
-	/* Frees applied by that sync need one more pass to reach the disk */
+	/*
+	 * The frees that sync made ready are applied after a grace period,
+	 * short now that no bio is in flight, and need one more pass to
+	 * reach the disk.
+	 */
+	qcow2_frees_wait(q);
 	if (!r && qcow2_cache_nr_dirty(&q->cache))
 		r = qcow2_sync(q);
 	mutex_lock(&q->alloc_lock);
@@ -1917,6 +2027,11 @@ void qcow2_close_image(struct qcow2 *q)
 		q->backing = NULL;
 	}
 
+	/* Frees still waiting for a grace period need meta_wq */
+	qcow2_frees_wait(q);
+	if (q->io_srcu_ready)
+		cleanup_srcu_struct(&q->io_srcu);
+	q->io_srcu_ready = false;
 	if (q->io.wq)
 		destroy_workqueue(q->io.wq);
 	if (q->zero_wq)
@@ -1930,6 +2045,7 @@ void qcow2_close_image(struct qcow2 *q)
 		qcow2_cache_exit(&q->cache);
 	qcow2_zip_exit(&q->zip);
 	xa_destroy(&q->meta);
+	list_splice_init(&q->frees_ready, &q->frees);
 	list_for_each_entry_safe(f, tmp, &q->frees, list)
 		kfree(f);
 	kvfree(q->reftable);

@@ -26,6 +26,15 @@
 
 #define QCOW2_MAX_CACHE_BYTES	SZ_4G
 
+/*
+ * Test hooks: the test_hold and test_release messages, which hold a data
+ * bio unsubmitted so that a test can change the image underneath it
+ * (tests/vm/t-race.sh). Off unless set; never needed in production.
+ */
+static bool test_hooks;
+module_param(test_hooks, bool, 0644);
+MODULE_PARM_DESC(test_hooks, "Accept the test_hold and test_release messages (tests only)");
+
 static const char *mode_name(enum qcow2_mode mode)
 {
 	switch (mode) {
@@ -289,6 +298,19 @@ static int qcow2_map(struct dm_target *ti, struct bio *bio)
 	return qcow2_map_bio(ti->private, bio);
 }
 
+static int qcow2_end_io(struct dm_target *ti, struct bio *bio,
+			blk_status_t *error)
+{
+	qcow2_bio_end(ti->private, bio);
+	return DM_ENDIO_DONE;
+}
+
+/* A suspend waits for every bio: none may stay held by the test hook. */
+static void qcow2_presuspend(struct dm_target *ti)
+{
+	qcow2_test_release(ti->private);
+}
+
 /*
  * Another table on the same image may have written it since this one was
  * loaded (a table reload): read the metadata again.
@@ -386,6 +408,8 @@ static int qcow2_message(struct dm_target *ti, unsigned int argc,
 		qcow2_stats(q, result, maxlen);
 		return 1;	/* the result is the answer */
 	}
+	if (argc && !strncasecmp(argv[0], "test_", 5) && READ_ONCE(test_hooks))
+		return qcow2_test_message(q, argc, argv);
 	if (argc == 2 && !strcasecmp(argv[0], "cache_size")) {
 		if (cache_size_arg(argv[1], &bytes)) {
 			DMERR("%s: invalid cache_size %s (bytes, 1 to 4G)",
@@ -442,6 +466,8 @@ static struct target_type qcow2_target = {
 	.ctr = qcow2_ctr,
 	.dtr = qcow2_dtr,
 	.map = qcow2_map,
+	.end_io = qcow2_end_io,
+	.presuspend = qcow2_presuspend,
 	.postsuspend = qcow2_postsuspend,
 	.preresume = qcow2_preresume,
 	.status = qcow2_status,

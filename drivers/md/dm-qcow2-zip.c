@@ -54,6 +54,20 @@ void qcow2_zip_invalidate(struct qcow2_zip *zip)
 	mutex_unlock(&zip->lock);
 }
 
+/*
+ * Host bytes [@off, @off + @len) were freed: the cluster decompressed
+ * last may not be served from memory if its data lay there.
+ */
+void qcow2_zip_forget(struct qcow2_zip *zip, u64 off, u64 len)
+{
+	if (!READ_ONCE(zip->out_key))
+		return;
+	mutex_lock(&zip->lock);
+	if (zip->out_key > off && zip->out_key - 1 < off + len)
+		zip->out_key = 0;
+	mutex_unlock(&zip->lock);
+}
+
 /* Called with zip->lock held. */
 static int zip_alloc(struct qcow2 *q)
 {

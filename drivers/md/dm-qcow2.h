@@ -18,6 +18,7 @@
 #include <linux/mutex.h>
 #include <linux/rwsem.h>
 #include <linux/spinlock.h>
+#include <linux/srcu.h>
 #include <linux/wait.h>
 #include <linux/workqueue.h>
 #include <linux/xarray.h>
@@ -147,6 +148,7 @@ unsigned long qcow2_cache_nr_dirty(struct qcow2_cache *c);
 void qcow2_cache_invalidate(struct qcow2_cache *c);
 void qcow2_cache_resize(struct qcow2_cache *c, u64 bytes);
 void qcow2_cache_set_stuck(struct qcow2_cache *c);
+void qcow2_cache_forget(struct qcow2_cache *c, u64 off, u64 len);
 void qcow2_cache_get_stats(struct qcow2_cache *c,
 			   struct qcow2_cache_stats *st);
 
@@ -239,6 +241,23 @@ struct qcow2 {
 	wait_queue_head_t inflight_wait;
 	struct list_head frees;		/* refcount decreases waiting for L2 */
 
+	/*
+	 * Every read, write and write-zeroes bio is a reader of @io_srcu
+	 * from ->map() until it ends (qcow2_map_bio(), qcow2_bio_end()),
+	 * whatever path serves it. A refcount decrease whose table change
+	 * is durable waits on @frees_ready, then @frees_grace, for a grace
+	 * period that began after that change: by then no I/O mapped to the
+	 * cluster before the change is in flight, and the allocator may
+	 * hand it out again (qcow2_sync(), grace_work_fn()). Under q->lock.
+	 */
+	struct srcu_struct io_srcu;
+	bool io_srcu_ready;		/* init_srcu_struct() done */
+	struct list_head frees_ready;	/* waiting for the next grace period */
+	struct list_head frees_grace;	/* waiting for the current one */
+	bool grace_pending;		/* @grace_rcu queued or being served */
+	struct rcu_head grace_rcu;
+	struct work_struct grace_work;	/* applies @frees_grace */
+
 	struct workqueue_struct *meta_wq;	/* cache misses, allocation */
 	/*
 	 * Discard and write-zeroes: they sleep for in-flight slots, which
@@ -262,6 +281,14 @@ struct qcow2 {
 	atomic64_t gathered;
 	atomic64_t batched;
 
+	/*
+	 * Test hook (module parameter test_hooks): the next data bio
+	 * mapped at guest sector @test_hold_sector is held on @test_held,
+	 * unsubmitted, until the test_release message (under q->lock).
+	 */
+	sector_t test_hold_sector;
+	struct bio_list test_held;
+
 	/* The table as given, for STATUSTYPE_TABLE */
 	char *table_args;
 	u64 cache_bytes;
@@ -284,6 +311,8 @@ struct qcow2_bio {
 	u32 vcount;			/* how many */
 	struct bio_list waiters;	/* writes parked on those clusters */
 	struct bio_list batch;		/* held writes that follow: unplug */
+	int srcu_idx;			/* of q->io_srcu, when @in_srcu */
+	bool in_srcu;
 };
 
 /* dm-qcow2-meta.c */
@@ -306,12 +335,14 @@ int qcow2_l2_for_write(struct qcow2 *q, u64 voff, u64 *l2_off);
 int qcow2_set_l2_entry(struct qcow2 *q, u64 l2_off, u64 voff, u64 entry,
 		       u64 bitmap);
 void qcow2_meta_error(struct qcow2 *q, int err);
+void qcow2_frees_wait(struct qcow2 *q);
 int qcow2_deactivate(struct qcow2 *q);
 
 /* dm-qcow2-zip.c */
 void qcow2_zip_init(struct qcow2_zip *zip);
 void qcow2_zip_exit(struct qcow2_zip *zip);
 void qcow2_zip_invalidate(struct qcow2_zip *zip);
+void qcow2_zip_forget(struct qcow2_zip *zip, u64 off, u64 len);
 int qcow2_zip_read_bio(struct qcow2 *q, const struct qcow2_l2_map *m,
 		       struct bio *bio);
 int qcow2_zip_read_buf(struct qcow2 *q, const struct qcow2_l2_map *m,
@@ -319,5 +350,8 @@ int qcow2_zip_read_buf(struct qcow2 *q, const struct qcow2_l2_map *m,
 
 /* dm-qcow2-map.c */
 int qcow2_map_bio(struct qcow2 *q, struct bio *bio);
+void qcow2_bio_end(struct qcow2 *q, struct bio *bio);
+int qcow2_test_message(struct qcow2 *q, unsigned int argc, char **argv);
+void qcow2_test_release(struct qcow2 *q);
 
 #endif /* DM_QCOW2_H */

@@ -15,13 +15,13 @@
 # Seconds a job took in a fresh-clone run (two lanes, 1-vCPU guests):
 # t-write 1049, t-crash 884 (with its host check), t-feature 671, t-read
 # and t-refuse 667, t-fault 351, t-mutate 237, t-corrupt 231, t-users 205,
-# boot-test 87.
+# boot-test 87; t-race (added later) about 330 alone.
 SUITE_JOBS=(t-write.sh t-crash.sh
 	't-feature.sh:^test_([^s]|s[^c]|sc_[^c]|sc_c[^12]|sc_co)'
 	't-module.sh:autoload t-read.sh t-refuse.sh t-module.sh:unload'
-	t-fault.sh t-mutate.sh
+	't-users.sh t-race.sh' t-fault.sh t-mutate.sh
 	't-corrupt.sh:^test_[a-z0-9_]*[^p]$'
-	t-users.sh boot-test)
+	boot-test)
 
 SUITE_SPECS=(t-module.sh:autoload)
 for _job in "${SUITE_JOBS[@]}"; do
