@@ -15,6 +15,7 @@
 #include <linux/falloc.h>
 #include <linux/file.h>
 #include <linux/namei.h>
+#include <linux/pagemap.h>
 #include <linux/sched/mm.h>
 #include <linux/uio.h>
 #include <linux/vmalloc.h>
@@ -402,12 +403,33 @@ static void io_extend(struct qcow2_io *io, u64 end)
 	io_raise(&io->size, end);
 }
 
-/* Metadata writes: the caller orders them with qcow2_io_flush(). */
+/*
+ * No metadata write or flush is tried any more: one failed, and what the
+ * image holds is unknown. A file's page cache may hold metadata that never
+ * reached the disk (a failed writeback leaves the pages clean, and reports
+ * the error to one fsync only): drop what can be dropped, so that whoever
+ * reads the image next (a new table, qemu-img) reads the disk.
+ */
+void qcow2_io_fail(struct qcow2_io *io)
+{
+	if (atomic_xchg(&io->failed, 1))
+		return;
+	if (io->file)
+		invalidate_mapping_pages(io->file->f_mapping, 0, -1);
+}
+
+/*
+ * Metadata writes: the caller orders them with qcow2_io_flush(). One that
+ * fails, but for a lack of room (nothing was written), fails every later
+ * one too.
+ */
 int qcow2_io_write_meta(struct qcow2_io *io, void *buf, size_t len, u64 off)
 {
 	bool grow = io->file && off + len > READ_ONCE(io->size);
 	int r;
 
+	if (atomic_read(&io->failed))
+		return -EIO;
 	if (io->dev && (off > io->size || len > io->size - off))
 		return -ENOSPC;
 	/*
@@ -424,6 +446,8 @@ int qcow2_io_write_meta(struct qcow2_io *io, void *buf, size_t len, u64 off)
 		io_extend(io, off + len);
 	if (grow)
 		mutex_unlock(&io->grow_lock);
+	if (r && r != -ENOSPC)
+		qcow2_io_fail(io);
 	if (r)
 		return r;
 	atomic64_inc(&io->meta_writes);
@@ -465,20 +489,29 @@ int qcow2_io_read_data(struct qcow2_io *io, void *buf, size_t len, u64 off)
 	return io_rw_buf(io, false, buf, len, off, true);
 }
 
-/* Make every completed write durable. */
+/*
+ * Make every completed write durable. Once a flush failed, none passes
+ * again: a file reports a writeback error to one fsync only, and the
+ * next would succeed with the lost writes still lost.
+ */
 int qcow2_io_flush(struct qcow2_io *io)
 {
 	u64 done = atomic64_read(&io->meta_writes);
 	int r;
 
+	if (atomic_read(&io->failed))
+		return -EIO;
 	if (io->dev)
 		r = blkdev_issue_flush(io->dev->bdev);
 	else
 		r = vfs_fsync(io->file, 1);
+	if (r) {
+		qcow2_io_fail(io);
+		return r;
+	}
 	/* Every metadata write counted in @done had completed: now durable */
-	if (!r)
-		io_raise(&io->meta_flushed, done);
-	return r;
+	io_raise(&io->meta_flushed, done);
+	return 0;
 }
 
 /*

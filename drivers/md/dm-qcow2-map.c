@@ -2195,8 +2195,11 @@ int qcow2_map_bio(struct qcow2 *q, struct bio *bio)
 	INIT_HLIST_NODE(&pb->inflight);
 	bio_list_init(&pb->waiters);
 	bio_list_init(&pb->batch);
-	if (bio->bi_opf & REQ_PREFLUSH && !bio_sectors(bio))
+	if (bio->bi_opf & REQ_PREFLUSH && !bio_sectors(bio)) {
+		if (READ_ONCE(q->mode) == QCOW2_MODE_FAIL)
+			return map_complete(bio, -EIO);
 		return q->writable ? defer(q, bio) : map_complete(bio, 0);
+	}
 	if (write && READ_ONCE(q->mode) != QCOW2_MODE_RW)
 		return DM_MAPIO_KILL;
 	if (bio_op(bio) == REQ_OP_DISCARD)

@@ -70,13 +70,21 @@ static void qcow2_event_work(struct work_struct *work)
 	dm_table_event(q->ti->table);
 }
 
-/* The target only moves towards safety: rw -> ro -> fail. */
-static void set_mode(struct qcow2 *q, enum qcow2_mode mode)
+/*
+ * The target only moves towards safety: rw -> ro -> fail, never back
+ * while the table lives. True if this call moved it.
+ */
+static bool raise_mode(struct qcow2 *q, enum qcow2_mode mode)
 {
-	if (mode <= READ_ONCE(q->mode))
-		return;
-	WRITE_ONCE(q->mode, mode);
-	schedule_work(&q->event_work);
+	enum qcow2_mode old = READ_ONCE(q->mode), prev;
+
+	while (old < mode) {
+		prev = cmpxchg(&q->mode, old, mode);
+		if (prev == old)
+			return true;
+		old = prev;
+	}
+	return false;
 }
 
 /*
@@ -91,21 +99,38 @@ int qcow2_corrupt(struct qcow2 *q, u64 voff, const char *what)
 		    devname(q), what, voff);
 	if (!test_and_set_bit(QCOW2_F_CORRUPT, &q->flags)) {
 		if (q->writable)
-			WRITE_ONCE(q->mode, QCOW2_MODE_RO);
+			raise_mode(q, QCOW2_MODE_RO);
 		schedule_work(&q->event_work);
 	}
 	return -EUCLEAN;
 }
 
-/* A metadata write failed: the on-disk state is unknown, stop writing. */
-void qcow2_meta_error(struct qcow2 *q, int err)
+/*
+ * A metadata write or a flush failed: what the image holds is unknown,
+ * and a later flush that succeeds would not make it known (a file
+ * reports a writeback error to one fsync only). Fail mode until the table
+ * is reloaded: the I/O layer writes no metadata and passes no flush any
+ * more (qcow2_io_write_meta()), so no L1 or L2 entry reaches the disk
+ * after a refcount write or flush that failed; ->map() fails every write
+ * and flush; reads go on. One dm event.
+ */
+static bool enter_fail_mode(struct qcow2 *q)
 {
-	DMERR_LIMIT("%s: metadata write failed (%d): device is now read-only",
-		    devname(q), err);
-	set_bit(QCOW2_F_META_ERROR, &q->flags);
-	set_mode(q, QCOW2_MODE_RO);
+	if (test_and_set_bit(QCOW2_F_META_ERROR, &q->flags))
+		return false;
+	qcow2_io_fail(&q->io);
+	raise_mode(q, QCOW2_MODE_FAIL);
 	/* Reads must not wait for slices that cannot be written any more */
 	qcow2_cache_set_stuck(&q->cache);
+	schedule_work(&q->event_work);
+	return true;
+}
+
+void qcow2_meta_error(struct qcow2 *q, int err)
+{
+	if (enter_fail_mode(q))
+		DMERR("%s: metadata write or flush failed (%d): writes, flushes fail",
+		      devname(q), err);
 }
 
 /* ---- Host offset checks ---- */
@@ -241,6 +266,8 @@ static int write_header(struct qcow2 *q)
 	u8 *b = q->hdr_block;
 	int r;
 
+	if (!b)
+		return -EIO;	/* a reload failed: see qcow2_reload_image() */
 	qcow2_put_be64(b + QCOW2_HDR_SIZE_OFF, h->size);
 	qcow2_put_be32(b + QCOW2_HDR_L1_SIZE_OFF, h->l1_size);
 	qcow2_put_be64(b + QCOW2_HDR_L1_OFFSET_OFF, h->l1_table_offset);
@@ -1047,6 +1074,18 @@ static int alloc_locked(struct qcow2 *q, u64 *host)
 }
 
 /*
+ * An allocation failed with @r: a write of a new refcount block, table or
+ * header may have landed in part, so stop writing (no space, no memory
+ * and corruption are handled by the callers). Returns @r.
+ */
+static int meta_failed(struct qcow2 *q, int r)
+{
+	if (r && r != -ENOSPC && r != -ENOMEM && r != -EUCLEAN)
+		qcow2_meta_error(q, r);
+	return r;
+}
+
+/*
  * Allocate @n host clusters (not always contiguous), all or none: their
  * refcounts are one in the cache when this returns. The lowest free
  * clusters at or past the cursor are taken; freed clusters move the
@@ -1073,14 +1112,7 @@ int qcow2_alloc_clusters(struct qcow2 *q, u32 n, u64 *host, u64 *mark)
 	mutex_unlock(&q->alloc_lock);
 	if (!r)
 		qcow2_io_reserve(&q->io, end);
-	/*
-	 * A failed write of a new refcount block, table or header may have
-	 * landed in part: stop writing (no space, no memory and corruption
-	 * are handled by their callers).
-	 */
-	if (r && r != -ENOSPC && r != -ENOMEM && r != -EUCLEAN)
-		qcow2_meta_error(q, r);
-	return r;
+	return meta_failed(q, r);
 }
 
 int qcow2_alloc_cluster(struct qcow2 *q, u64 *host)
@@ -1139,11 +1171,11 @@ int qcow2_l2_for_write(struct qcow2 *q, u64 voff, u64 *l2_off)
 	}
 	r = alloc_locked(q, &new_l2);
 	if (r)
-		goto out;
+		goto out_meta;
 	r = write_new_l2(q, old_l2, new_l2);
 	if (r) {
 		refcount_update_locked(q, new_l2, -1);
-		goto out;
+		goto out_meta;
 	}
 	set_table_entry(q, &q->l1_dirty, q->l1, idx,
 			new_l2 | QCOW2_OFLAG_COPIED);
@@ -1159,6 +1191,9 @@ int qcow2_l2_for_write(struct qcow2 *q, u64 voff, u64 *l2_off)
 out:
 	mutex_unlock(&q->alloc_lock);
 	return r;
+out_meta:
+	mutex_unlock(&q->alloc_lock);
+	return meta_failed(q, r);
 }
 
 struct l2_change {
@@ -1845,9 +1880,15 @@ int qcow2_reload_image(struct qcow2 *q)
 		err = "cannot grow the image";
 	}
 	mutex_unlock(&q->alloc_lock);
-	if (r)
+	if (r) {
 		DMERR("%s: cannot resume: %s", devname(q),
 		      err ? err : "cannot read the image");
+		/*
+		 * The tables in memory are gone or half loaded: nothing may
+		 * be written from them, at teardown either.
+		 */
+		enter_fail_mode(q);
+	}
 	return r;
 }
 

@@ -60,6 +60,11 @@ struct qcow2_io {
 	 */
 	atomic64_t meta_writes;
 	u64 meta_flushed;
+	/*
+	 * A metadata write or flush failed: none is tried again, every one
+	 * fails (qcow2_io_fail()), until the table is reloaded.
+	 */
+	atomic_t failed;
 
 	/* A file: data submission, see qcow2_io_file_queue() */
 	struct workqueue_struct *wq;
@@ -80,6 +85,7 @@ int qcow2_io_write_meta(struct qcow2_io *io, void *buf, size_t len, u64 off);
 int qcow2_io_write_data(struct qcow2_io *io, const struct bio_vec *bv,
 			unsigned int nr, size_t len, u64 off);
 int qcow2_io_flush(struct qcow2_io *io);
+void qcow2_io_fail(struct qcow2_io *io);
 bool qcow2_io_meta_flushed(struct qcow2_io *io);
 void qcow2_io_discard(struct qcow2_io *io, u64 off, u64 len);
 u64 qcow2_io_written(struct qcow2_io *io);

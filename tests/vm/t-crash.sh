@@ -55,17 +55,20 @@ crash_max() {
 crash_cleanup() {
 	mountpoint -q "$CRASH_MNT" 2>/dev/null && umount "$CRASH_MNT"
 	dmsetup remove q >/dev/null 2>&1
+	dmsetup remove fk >/dev/null 2>&1
 	dmsetup remove lw >/dev/null 2>&1
 	[ -z "${LW_DLOOP:-}" ] || losetup -d "$LW_DLOOP" 2>/dev/null
 	[ -z "${LW_LLOOP:-}" ] || losetup -d "$LW_LLOOP" 2>/dev/null
 	LW_DLOOP="" LW_LLOOP=""
 }
 
-# lw_up IMG: loop devices over IMG (given room to grow first) and over a
-# fresh log file "log", log-writes "lw" over them and dm-qcow2 "q" on
-# /dev/mapper/lw; QDEV is /dev/mapper/q.
+# lw_up IMG [flakey]: loop devices over IMG (given room to grow first)
+# and over a fresh log file "log", log-writes "lw" over them and dm-qcow2
+# "q" on /dev/mapper/lw; QDEV is /dev/mapper/q. With "flakey", a
+# dm-flakey "fk" between lw and q (never down until fk_fault): what it
+# fails never reaches the log.
 lw_up() {
-	local img=$1 len
+	local img=$1 len below=/dev/mapper/lw
 	trap crash_cleanup EXIT
 	modprobe dm-log-writes || fail "no dm-log-writes module" || return 1
 	len=$(img_sectors "$img") || return 1
@@ -77,8 +80,32 @@ lw_up() {
 		"0 $(blockdev --getsz "$LW_DLOOP") log-writes $LW_DLOOP $LW_LLOOP" ||
 		return 1
 	dmsetup mknodes lw
-	DM_LEN=$len dm_create q /dev/mapper/lw || return 1
+	if [ "${2:-}" = flakey ]; then
+		must dmsetup create fk --table "$(fk_crash_table 0)" || return 1
+		dmsetup mknodes fk
+		below=/dev/mapper/fk
+	fi
+	DM_LEN=$len dm_create q "$below" || return 1
 	QDEV=/dev/mapper/q
+}
+
+# fk_crash_table DOWN: the flakey table over lw: DOWN 0, never down; 1,
+# always down with error_writes (every write and flush fails).
+fk_crash_table() {
+	local sz
+	sz=$(blockdev --getsz /dev/mapper/lw)
+	if [ "$1" = 0 ]; then
+		echo "0 $sz flakey /dev/mapper/lw 0 1 0"
+	else
+		echo "0 $sz flakey /dev/mapper/lw 0 0 1 1 error_writes"
+	fi
+}
+
+# fk_fault DOWN: swap fk's table live.
+fk_fault() {
+	timeout 60 dmsetup load fk --table "$(fk_crash_table "$1")" &&
+		timeout 60 dmsetup suspend --nolockfs fk &&
+		timeout 60 dmsetup resume fk || fail "cannot switch fk to $1"
 }
 
 # lw_down: remove dm-qcow2 (it writes back its metadata), then log-writes
@@ -86,6 +113,8 @@ lw_up() {
 lw_down() {
 	mountpoint -q "$CRASH_MNT" && { must umount "$CRASH_MNT" || return 1; }
 	dm_remove q || fail "cannot remove q" || return 1
+	! dmsetup info fk >/dev/null 2>&1 || dm_remove fk ||
+		fail "cannot remove fk" || return 1
 	dm_remove lw || fail "cannot remove lw" || return 1
 	losetup -d "$LW_DLOOP" && losetup -d "$LW_LLOOP" ||
 		fail "losetup -d" || return 1
@@ -616,6 +645,82 @@ test_lazy_refcounts() {
 		fail "no crash point had the dirty bit" || return 1
 	img_check "$img" || return 1
 	cd .. && rm -rf cr-lazy
+}
+
+# A window of failing writes and flushes below the target (flakey
+# between log-writes and dm-qcow2: what fails never reaches the log),
+# opened while steps of allocating writes and flushes run: 4 KiB
+# clusters, three scattered writes a step. Steps before the window are
+# acknowledged; the first that meets it fails, and so must every step
+# after the window closes (fail mode: no flush passes again, no metadata
+# is written). Every crash point of the log has no corruption and the
+# data of every step acknowledged before it.
+try_step() {
+	local k=$1 p=$2 ol o l cmds=()
+	shift 2
+	for ol; do
+		read -r o l <<<"$ol"
+		cmds+=(-c "aio_write -P $p $o $l")
+	done
+	qemu-io -n -f raw "${cmds[@]}" -c aio_flush -c flush "$QDEV" \
+		>step.out 2>&1 && ! grep -qiE 'fail|error' step.out || return 1
+	for ol; do
+		echo "$k $p $ol" >>expect
+	done
+	lw_mark "s$k"
+}
+
+fault_writes() {
+	local j
+	w=()
+	for j in 0 1 2; do
+		w+=("$(((k * 3 + j) * 53 % 1024 * 65536 + k % 11 * 3584)) $((k % 7 * 512 + 3584))")
+	done
+}
+
+test_fault_window() {
+	local img k w acked=0 failed=0 after=0 pid
+	newdir cr-fw || return 1
+	img=$PWD/w.qcow2
+	must qemu-img create -q -f qcow2 -o cluster_size=4k "$img" 64M || return 1
+	cp --sparse=always "$img" base.qcow2
+	: >expect
+	lw_up "$img" flakey || return 1
+	for k in $(seq 1 6); do
+		fault_writes
+		try_step "$k" $((k + 1)) "${w[@]}" ||
+			fail "step $k failed before the fault" || return 1
+		acked=$k
+	done
+	# The window opens while the steps run, and closes once one failed
+	( sleep 1; fk_fault 1; while [ ! -e failed ]; do sleep 0.2; done
+	  sleep 0.5; fk_fault 0; touch closed ) >fk.out 2>&1 &
+	pid=$!
+	for k in $(seq 7 200); do
+		fault_writes
+		if try_step "$k" $((k % 250 + 1)) "${w[@]}"; then
+			[ ! -e failed ] || fail "step $k acknowledged after a failed one" ||
+				return 1
+			acked=$k
+		else
+			touch failed
+			failed=$((failed + 1))
+			[ ! -e closed ] || after=$((after + 1))
+			[ "$after" -lt 3 ] || break
+		fi
+	done
+	wait $pid
+	log "$acked steps acknowledged, $failed failed ($after after the window closed), mode $(dm_status_field q 1)"
+	[ -e failed ] && [ "$after" -eq 3 ] ||
+		fail "test premise: the window did not meet a step" || return 1
+	[ "$(dm_status_field q 1)" = fail ] ||
+		fail "mode $(dm_status_field q 1) after the window" || return 1
+	lw_mark removal || return 1
+	lw_down || return 1
+	crash_points "$PWD/base.qcow2" "$(crash_max 12 80)" check_point ||
+		return 1
+	check_no_corruption "$img" || return 1
+	cd .. && rm -rf cr-fw
 }
 
 # ext4 on top, fsync-heavy: files of 1 to 48 KiB, each written, fsync'ed

@@ -10,8 +10,10 @@
 #   block-device backend:  loop -> flakey "fk" -> dm-qcow2 on /dev/mapper/fk
 #   file backend:          loop -> flakey "fk" -> ext4 -> image file -> dm-qcow2
 # What every case asserts: the bios that meet the fault fail; a failed
-# metadata write turns the target read-only (status mode) and raises a dm
-# event; a write or flush the target acknowledged (FUA/flush) is intact
+# metadata write or flush puts the target in fail mode (status mode
+# "fail") and raises one dm event, and from then on every write and every
+# flush fails, also once the device below works again (until the table is
+# reloaded); a write or flush the target acknowledged (FUA/flush) is intact
 # afterwards; after the fault is gone and the device removed, "qemu-img
 # check" finds no corruption (leaks are allowed: a cluster taken for a
 # write that failed).
@@ -219,9 +221,11 @@ fio_flushing() {
 # write_fault KIND: the image on the faulty device (bdev) or in ext4 on it
 # (file). A is written and flushed; fio writes (and flushes) while the
 # device starts failing every write: fio gets errors, the flush that
-# meets the fault fails, the target turns read-only and raises an event;
-# reads still work and show A. Afterwards the image is not corrupt and
-# holds A.
+# meets the fault fails, the target enters fail mode and raises one event;
+# reads still work and show A. When the device works again, writes,
+# flushes and FUA writes still fail (a flush that passed now would say
+# the writes lost in the fault were durable). Afterwards the image is not
+# corrupt and holds A.
 write_fault() {
 	local kind=$1 img ev0 pid rc
 	newdir wf || return 1
@@ -258,7 +262,7 @@ write_fault() {
 	# A flush cannot reach the disk: it fails; the target stops writing
 	must_fail 'Input/output error' fsync_path "$WDEV" || return 1
 	expect_event wf "$ev0" || return 1
-	[ "$(dm_mode wf)" = ro ] || [ "$(dm_mode wf)" = fail ] ||
+	[ "$(dm_mode wf)" = fail ] ||
 		fail "mode $(dm_mode wf) after a failed metadata write" || return 1
 	log "mode $(dm_mode wf), events $ev0 -> $(dm_events wf)"
 	# Below a file, the file system has shut down after the failed
@@ -274,6 +278,14 @@ write_fault() {
 	fi
 	must_fail 'Input/output error' dd if=/dev/zero of="$WDEV" bs=4k \
 		count=1 seek=100 oflag=direct conv=notrunc || return 1
+	must_fail 'Input/output error' dd if=/dev/zero of="$WDEV" bs=4k \
+		count=1 seek=100 oflag=direct,dsync conv=notrunc || return 1
+	must_fail 'Input/output error' fsync_path "$WDEV" || return 1
+	must_fail 'Input/output error' dmsetup message wf 0 flush || return 1
+	[ "$(dm_mode wf)" = fail ] ||
+		fail "mode $(dm_mode wf) once the device works again" || return 1
+	[ "$(dm_events wf)" -eq $((ev0 + 1)) ] ||
+		fail "events $ev0 -> $(dm_events wf): want one" || return 1
 	wdev_remove wf || return 1
 	[ "$kind" = bdev ] || fk_fs_recover fk || return 1
 	no_corruption "$img" || return 1
@@ -319,7 +331,7 @@ $((s0 + 128)) $((sz - s0 - 128)) linear $loop $((s0 + 128))" || return 1
 		count=1 seek=$((16 << 8)) oflag=direct,dsync conv=notrunc ||
 		return 1
 	expect_event mf "$ev0" || return 1
-	[ "$(dm_mode mf)" = ro ] || [ "$(dm_mode mf)" = fail ] ||
+	[ "$(dm_mode mf)" = fail ] ||
 		fail "mode $(dm_mode mf) after a failed L2 write" || return 1
 	log "mode $(dm_mode mf), events $ev0 -> $(dm_events mf)"
 	fk_switch fk good || return 1
@@ -395,7 +407,7 @@ $((s0 + len)) $((sz - s0 - len)) flakey $loop $((s0 + len)) 1 0" || return 1
 	[ $rc -ne 2 ] || { unhang cf $pid; return 1; }
 	n=$(grep -c '^wrote' qio.out)
 	log "$n of 100 writes done, mode $(dm_mode cf), dirty $(dm_status_field cf 10)"
-	[ "$(dm_mode cf)" = ro ] || fail "test premise: writeback did not fail" ||
+	[ "$(dm_mode cf)" = fail ] || fail "test premise: writeback did not fail" ||
 		return 1
 	# Reads of slices not in the cache
 	dd if=/dev/mapper/cf of=rd.out bs=4k count=1 skip=$(((110 << 9) + 16)) \
