@@ -1281,6 +1281,16 @@ static int read_header(struct qcow2 *q, const char **err)
 	return r;
 }
 
+/*
+ * The smallest piece of a cluster the paths write on their own: a
+ * subcluster with extended L2 entries, else the cluster.
+ */
+static u32 qcow2_io_unit(const struct qcow2_header *h)
+{
+	return h->extended_l2 ? h->cluster_size >> ilog2(QCOW2_SUBCLUSTERS) :
+				h->cluster_size;
+}
+
 /* Features that are valid qcow2 but that this target cannot serve yet. */
 static int check_supported(struct qcow2 *q, const char **err)
 {
@@ -1292,6 +1302,8 @@ static int check_supported(struct qcow2 *q, const char **err)
 		*err = "Images with an external data file are not supported";
 	else if (q->io.dev && h->cluster_size < q->io.lbs)
 		*err = "Cluster size smaller than the device's logical block size";
+	else if (q->io.dev && qcow2_io_unit(h) < q->io.lbs)
+		*err = "Subcluster size smaller than the device's logical block size";
 	else
 		return 0;
 	return -EOPNOTSUPP;
@@ -1641,8 +1653,8 @@ static int load_metadata(struct qcow2 *q, const char **err)
 			return r;
 	}
 
-	/* Direct I/O below the cluster granularity cannot be aligned */
-	if (q->io.file && q->hdr.cluster_size < q->io.lbs)
+	/* Direct I/O below the (sub)cluster granularity cannot be aligned */
+	if (q->io.file && qcow2_io_unit(&q->hdr) < q->io.lbs)
 		q->io.dio = false;
 
 	r = load_l1(q);
@@ -1669,7 +1681,8 @@ static int clear_autoclear(struct qcow2 *q)
 
 /* ---- Online grow ---- */
 
-static u32 l1_needed(const struct qcow2_header *h, u64 size)
+/* 64 bits: a huge @size must not wrap into a small table */
+static u64 l1_needed(const struct qcow2_header *h, u64 size)
 {
 	u64 span = qcow2_l2_coverage(h);
 
@@ -1804,7 +1817,7 @@ static int grow_locked(struct qcow2 *q, u64 size)
 {
 	struct qcow2_header *h = &q->hdr;
 	u32 per_block = q->meta_block / sizeof(u64);
-	u32 need = l1_needed(h, size), old = h->l1_size, i;
+	u32 need, old = h->l1_size, i;
 	u64 room = round_up((u64)old * sizeof(u64), h->cluster_size);
 	u64 old_size = h->size, *l1;
 	const char *err;
@@ -1813,6 +1826,7 @@ static int grow_locked(struct qcow2 *q, u64 size)
 	r = qcow2_grow_check(q, size, &err);
 	if (r)
 		return r;
+	need = l1_needed(h, size);	/* fits: checked */
 	l1 = load_table(q, h->l1_table_offset, old,
 			round_up(max(need, old), per_block));
 	if (!l1)

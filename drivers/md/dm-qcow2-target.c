@@ -90,7 +90,8 @@ static int parse_features(struct qcow2 *q, struct dm_arg_set *as,
 			  char **error)
 {
 	static const struct dm_arg _args[] = {
-		{0, 2 * QCOW2_MAX_CHAIN + 2,
+		/* backing <path> each, cache_size <bytes>, snapshot <id> */
+		{0, 2 * QCOW2_MAX_CHAIN + 4,
 		 "Invalid number of feature arguments"},
 	};
 	unsigned int argc;
@@ -188,6 +189,7 @@ static int check_length(struct dm_target *ti, struct qcow2 *q)
 		ti->error = "Device length exceeds the image's virtual size";
 		return -EINVAL;
 	}
+	/* Device mapper refuses lengths past LLONG_MAX bytes: no wrap */
 	r = qcow2_grow_check(q, (u64)ti->len << SECTOR_SHIFT, &err);
 	if (r) {
 		ti->error = (char *)err;

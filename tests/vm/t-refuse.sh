@@ -83,3 +83,63 @@ test_bad_tables() {
 		fail "devices left behind" || bad=1
 	return $bad
 }
+
+# The limits of a table: the longest legal feature list (eight backing
+# images, cache_size and snapshot: 20 arguments) parses; a length that
+# needs an L1 table beyond 32 MiB (2^32 entries and more, which once
+# wrapped to 32 bits looked small) is refused rather than written into
+# the header. (Device mapper itself refuses lengths past 2^63 bytes.)
+test_table_limits() {
+	local img=$PWD/lim.qcow2 args bad=0
+	rm -f lim.qcow2
+	must qemu-img create -q -f qcow2 lim.qcow2 16M || return 1
+	args=$(printf ' cache_size 1m%.0s' $(seq 10))
+	if DM_LEN=$(img_sectors "$img") dm_create lim "$img 20$args" --readonly; then
+		dm_remove lim
+	else
+		fail "20 feature arguments: $(last_dm_error)"; bad=1
+	fi
+	DM_LEN=$((1 << 52)) expect_refused lim "$img" \
+		"Growing this much needs an L1 table over 32 MiB" || bad=1
+	must qemu-img check -q "$img" || bad=1
+	[ "$(img_sectors "$img")" -eq $((16 << 11)) ] ||
+		fail "the image's size changed" || bad=1
+	return $bad
+}
+
+# An image on a device of 4 KiB logical blocks: 2 KiB subclusters (64 KiB
+# clusters, extended L2) cannot be written there alone, and are refused;
+# 4 KiB ones (128 KiB clusters) are served: a write of one subcluster
+# reads back, and the image checks clean.
+test_subclusters_4k_sectors() {
+	local loop bad=0
+	rm -f sc4k.qcow2
+	must qemu-img create -q -f qcow2 -o cluster_size=64k,extended_l2=on \
+		sc4k.qcow2 16M && must truncate -s 64M sc4k.qcow2 || return 1
+	loop=$(losetup -f --show --sector-size 4096 sc4k.qcow2) ||
+		fail "losetup --sector-size 4096" || return 1
+	DM_LEN=$((16 << 11)) expect_refused sc4k "$loop" \
+		"Subcluster size smaller than the device's logical block size" ||
+		bad=1
+	losetup -d "$loop"
+	must qemu-img create -q -f qcow2 -o cluster_size=128k,extended_l2=on \
+		sc4k.qcow2 16M && must truncate -s 64M sc4k.qcow2 || return 1
+	loop=$(losetup -f --show --sector-size 4096 sc4k.qcow2) ||
+		fail "losetup --sector-size 4096" || return 1
+	if DM_LEN=$((16 << 11)) dm_create sc4k "$loop"; then
+		qemu-io -f raw -n -c "write -P 0x3c $((1 << 20 | 8192)) 4k" \
+			-c "read -P 0x3c $((1 << 20 | 8192)) 4k" \
+			-c "read -P 0 $((1 << 20)) 8k" /dev/mapper/sc4k >qio.out 2>&1
+		grep -qiE 'fail|error' qio.out &&
+			{ cat qio.out >&2; fail "4 KiB subcluster I/O"; bad=1; }
+		dm_remove sc4k
+	else
+		fail "128 KiB clusters on 4 KiB sectors: $(last_dm_error)"; bad=1
+	fi
+	losetup -d "$loop"
+	must qemu-img check -q sc4k.qcow2 || bad=1
+	must qemu-io -f qcow2 -r -c "read -P 0x3c $((1 << 20 | 8192)) 4k" \
+		sc4k.qcow2 || bad=1
+	rm -f sc4k.qcow2 qio.out
+	return $bad
+}
