@@ -109,6 +109,13 @@ int qcow2_io_open(struct dm_target *ti, struct qcow2_io *io,
 	return io_open_file(ti, io, path, writable);
 }
 
+/* What two tables on the same image have alike: its inode, or its device */
+const void *qcow2_io_key(struct qcow2_io *io)
+{
+	return io->file ? (const void *)file_inode(io->file) :
+			  (const void *)io->dev->bdev;
+}
+
 void qcow2_io_close(struct dm_target *ti, struct qcow2_io *io)
 {
 	if (io->dev)

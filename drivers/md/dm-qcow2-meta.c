@@ -1309,7 +1309,53 @@ static int check_supported(struct qcow2 *q, const char **err)
 	return -EOPNOTSUPP;
 }
 
-/* Header bits that forbid writing. */
+/*
+ * The images live writable tables serve, so that a table loaded for an
+ * image while another table serves it (a reload: dmsetup load, then
+ * resume) can tell the lazy-refcounts dirty bit that table set from one
+ * a crash left.
+ */
+static LIST_HEAD(live_images);
+static DEFINE_MUTEX(live_lock);
+
+static void live_add(struct qcow2 *q)
+{
+	mutex_lock(&live_lock);
+	list_add(&q->live, &live_images);
+	mutex_unlock(&live_lock);
+}
+
+static void live_del(struct qcow2 *q)
+{
+	if (list_empty(&q->live))
+		return;
+	mutex_lock(&live_lock);
+	list_del_init(&q->live);
+	mutex_unlock(&live_lock);
+}
+
+/* Does a live table of the same image hold the dirty bit it set? */
+static bool dirty_bit_is_live(struct qcow2 *q)
+{
+	const void *key = qcow2_io_key(&q->io);
+	struct qcow2 *o;
+	bool ours = false;
+
+	mutex_lock(&live_lock);
+	list_for_each_entry(o, &live_images, live)
+		if (o != q && qcow2_io_key(&o->io) == key &&
+		    READ_ONCE(o->dirty_bit_set))
+			ours = true;
+	mutex_unlock(&live_lock);
+	return ours;
+}
+
+/*
+ * Header bits that forbid writing. A dirty bit is accepted at table load
+ * when the live table of the same image set it: that table clears it
+ * when it is suspended, before this one resumes and reads the image
+ * again (then the bit is refused like any other).
+ */
 static int check_writable(struct qcow2 *q, const char **err)
 {
 	u64 bits = q->hdr.incompatible_features;
@@ -1318,7 +1364,8 @@ static int check_writable(struct qcow2 *q, const char **err)
 		return 0;
 	if (bits & QCOW2_INCOMPAT_CORRUPT)
 		*err = "Image is marked corrupt: run qemu-img check -r all, or activate read-only";
-	else if (bits & QCOW2_INCOMPAT_DIRTY)
+	else if (bits & QCOW2_INCOMPAT_DIRTY &&
+		 (q->resumed || !dirty_bit_is_live(q)))
 		*err = "Image is dirty (lazy refcounts): run qemu-img check -r all";
 	else
 		return 0;
@@ -1586,6 +1633,7 @@ static void init_state(struct qcow2 *q)
 		INIT_HLIST_HEAD(&q->inflight[i]);
 	init_waitqueue_head(&q->inflight_wait);
 	INIT_LIST_HEAD(&q->frees);
+	INIT_LIST_HEAD(&q->live);
 	INIT_LIST_HEAD(&q->frees_ready);
 	INIT_LIST_HEAD(&q->frees_grace);
 	INIT_WORK(&q->grace_work, grace_work_fn);
@@ -1872,8 +1920,13 @@ int qcow2_reload_image(struct qcow2 *q)
 	const char *err = NULL;
 	int r;
 
+	/*
+	 * system's writeback) would wait for this resume. Every allocation
+	 * below is GFP_NOIO.
+	 */
 	mutex_lock(&q->alloc_lock);
 	qcow2_io_resync(&q->io);
+	q->resumed = true;
 	r = load_metadata(q, &err);
 	if (!r && (old.cluster_bits != q->hdr.cluster_bits ||
 		   old.size != q->hdr.size ||
@@ -1922,9 +1975,13 @@ int qcow2_open_image(struct qcow2 *q, const char **err)
 	r = init_cache(q);
 	if (!r)
 		r = alloc_workqueues(q);
-	if (r)
+	if (r) {
 		*err = "Cannot allocate memory";
-	return r;
+		return r;
+	}
+	if (q->writable)
+		live_add(q);
+	return 0;
 }
 
 /* ---- The backing chain ---- */
@@ -2082,6 +2139,7 @@ void qcow2_close_image(struct qcow2 *q)
 		q->backing = NULL;
 	}
 
+	live_del(q);
 	/* Frees still waiting for a grace period need meta_wq */
 	qcow2_frees_wait(q);
 	if (q->io_srcu_ready)

@@ -93,6 +93,7 @@ int qcow2_io_zero_range(struct qcow2_io *io, u64 off, u64 len, u64 mark);
 void qcow2_io_reserve(struct qcow2_io *io, u64 end);
 void qcow2_io_trim(struct qcow2_io *io);
 void qcow2_io_resync(struct qcow2_io *io);
+const void *qcow2_io_key(struct qcow2_io *io);
 unsigned int qcow2_buf_to_bvec(struct bio_vec *bv, unsigned int max,
 			       void *buf, size_t len);
 void qcow2_bio_copy_from_buf(struct bio *bio, const void *src);
@@ -241,6 +242,8 @@ struct qcow2 {
 	u64 end_cluster;		/* past the last cluster seen in use */
 	atomic64_t allocated;		/* clusters with a non-zero refcount */
 	bool dirty_bit_set;		/* lazy refcounts: we set the dirty bit */
+	bool resumed;			/* a resume has reloaded the image */
+	struct list_head live;		/* on the list of writable images */
 
 	spinlock_t lock;		/* inflight, frees, dirty ranges */
 	struct hlist_head inflight[64];	/* clusters being allocated */

@@ -959,6 +959,36 @@ test_hdr_lazy_clean() {
 	cd .. && rm -rf lz
 }
 
+# A table reload (dmsetup load, then resume) of a live lazy-refcounts
+# image whose dirty bit the live table set: the new table loads (the bit
+# is the live table's, cleared when it is suspended), takes over, and the
+# data of both reads back; a clean removal leaves the image clean.
+test_hdr_lazy_reload() {
+	local img tbl
+	dm_only || return 0
+	newdir lr || return 1
+	img=$PWD/lr.qcow2
+	must qemu-img create -q -f qcow2 -o lazy_refcounts=on "$img" 64M ||
+		return 1
+	wdev_create lr "$img" || return 1
+	qio -n -f raw -c "write -P 0x61 1M 256k" "$WDEV" || return 1
+	[ $(($(hdr_byte "$img" $DIRTY_BYTE) & DIRTY_BIT)) != 0 ] ||
+		fail "test premise: the dirty bit is not set while live" || return 1
+	tbl=$(dmsetup table lr)
+	must dmsetup load lr --table "$tbl" ||
+		fail "reload refused: $(last_dm_error)" || return 1
+	must dmsetup resume lr || return 1
+	qio -n -f raw -c "write -P 0x62 9M 256k" -c "read -P 0x61 1M 256k" \
+		"$WDEV" || return 1
+	wdev_remove lr || return 1
+	[ $(($(hdr_byte "$img" $DIRTY_BYTE) & DIRTY_BIT)) = 0 ] ||
+		fail "dirty bit still set after removal" || return 1
+	img_check "$img" || return 1
+	qio -r -f qcow2 -c "read -P 0x61 1M 256k" -c "read -P 0x62 9M 256k" \
+		"$img" || return 1
+	cd .. && rm -rf lr
+}
+
 # A resume that cannot read the image back (an unknown incompatible bit
 # appeared while the device was suspended) fails; the table is then in
 # fail mode and writes nothing, removal included. Without the bit the
