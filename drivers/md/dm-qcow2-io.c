@@ -504,14 +504,18 @@ int qcow2_io_read_data(struct qcow2_io *io, void *buf, size_t len, u64 off)
 int qcow2_io_flush(struct qcow2_io *io)
 {
 	u64 done = atomic64_read(&io->meta_writes);
+	unsigned int noio;
 	int r;
 
 	if (atomic_read(&io->failed))
 		return -EIO;
+	/* The file system's allocations must not wait for our own writes */
+	noio = memalloc_noio_save();
 	if (io->dev)
 		r = blkdev_issue_flush(io->dev->bdev);
 	else
 		r = vfs_fsync(io->file, 1);
+	memalloc_noio_restore(noio);
 	if (r) {
 		qcow2_io_fail(io);
 		return r;

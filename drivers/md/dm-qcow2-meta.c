@@ -27,6 +27,7 @@
  * A crash can therefore leak clusters, never leave a reference to a
  * cluster whose refcount is zero.
  */
+#include <linux/sched/mm.h>
 #include <linux/slab.h>
 #include <linux/vmalloc.h>
 
@@ -1918,12 +1919,15 @@ int qcow2_reload_image(struct qcow2 *q)
 {
 	struct qcow2_header old = q->hdr;
 	const char *err = NULL;
+	unsigned int noio;
 	int r;
 
 	/*
+	 * The device is suspended: reclaim that writes to it (swap, a file
 	 * system's writeback) would wait for this resume. Every allocation
 	 * below is GFP_NOIO.
 	 */
+	noio = memalloc_noio_save();
 	mutex_lock(&q->alloc_lock);
 	qcow2_io_resync(&q->io);
 	q->resumed = true;
@@ -1947,6 +1951,7 @@ int qcow2_reload_image(struct qcow2 *q)
 		err = "cannot grow the image";
 	}
 	mutex_unlock(&q->alloc_lock);
+	memalloc_noio_restore(noio);
 	if (r) {
 		DMERR("%s: cannot resume: %s", devname(q),
 		      err ? err : "cannot read the image");
