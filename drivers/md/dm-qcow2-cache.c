@@ -83,7 +83,7 @@ static void slice_free(struct qcow2_slice *s)
 
 static void cache_put(struct qcow2_cache *c, struct qcow2_slice *s)
 {
-	bool release = false;
+	bool release = false, kick = false;
 
 	spin_lock(&c->lock);
 	if (!--s->ref) {
@@ -96,7 +96,13 @@ static void cache_put(struct qcow2_cache *c, struct qcow2_slice *s)
 			c->nr_slices--;
 			release = true;
 		} else if (test_bit(SLICE_DIRTY, &s->flags)) {
-			/* stays on the dirty list */
+			/*
+			 * Stays on the dirty list. A loader that began to wait
+			 * while every slice was pinned, none dirty, did not
+			 * kick writeback: only writeback makes room now.
+			 */
+			kick = list_empty(&c->lru) &&
+			       c->nr_slices >= c->max_slices;
 		} else if (c->nr_slices > c->max_slices) {
 			/* The bound was lowered (qcow2_cache_resize()) */
 			hlist_del_init(&s->hash);
@@ -110,8 +116,11 @@ static void cache_put(struct qcow2_cache *c, struct qcow2_slice *s)
 	if (release)
 		slice_free(s);
 	/* A loader may be waiting for a slice to become evictable */
-	if (wq_has_sleeper(&c->wait))
+	if (wq_has_sleeper(&c->wait)) {
+		if (kick && c->kick_writeback)
+			c->kick_writeback(c->owner);
 		wake_up_all(&c->wait);
+	}
 }
 
 /*

@@ -12,6 +12,7 @@
 #                 allocating writes elsewhere (new L2 tables, refcount
 #                 blocks) and flushes together, a few rounds; after each,
 #                 qemu-img check, an untouched region, device == image
+#   cache_full_waiters  128 allocating writers on a 64-slice cache
 #
 # RACE_ROUNDS (or QCOW2_RACE_ROUNDS): stress rounds per case (default 2),
 # RACE_SECONDS: fio seconds a round (default 12).
@@ -211,3 +212,43 @@ test_stress_file_64k()	{ stress file 64k; }
 test_stress_bdev_4k()	{ stress bdev 4k; }
 test_stress_bdev_64k()	{ stress bdev 64k; }
 
+# Many allocating writers racing for a small cache: 64 slices (the least
+# cache_size allows), 4 KiB clusters, every L2 table of 1 GiB allocated
+# by qemu, 128 random 4 KiB writes in flight, no flush. Loaders that find
+# every slice pinned (others loading) wait; when those slices come back
+# dirty, only writeback makes room, and it must be started then: before,
+# such a loader slept until the next flush, and with every write waiting
+# none came. The writes must all complete within the timeout. A guard: it
+# did not catch the code before the fix in the one run made (the window
+# is narrow: every loader that waits while some slice is dirty starts
+# the writeback itself).
+test_cache_full_waiters() {
+	local pid rc=0 cmds=() r
+	newdir cw || return 1
+	trap race_cleanup EXIT
+	# Metadata reads reach the disk: loads take long, and overlap
+	RACE_LOOP_DIO=on race_image bdev cw 1024 cluster_size=4k || return 1
+	for r in $(seq 0 511); do
+		cmds+=(-c "write -z $((r << 21)) 4k")
+	done
+	must qemu-io -f qcow2 "${cmds[@]}" "$RIMG" || return 1
+	echo 3 >/proc/sys/vm/drop_caches
+	DM_LEN=$((1 << 21)) dm_create cw "$RIMG 2 cache_size 256k" || return 1
+	fio --filename=/dev/mapper/cw --direct=1 --ioengine=libaio \
+		--name=w --rw=randwrite --bs=4k --iodepth=128 --size=1G \
+		--number_ios=3000 --randrepeat=0 >fio.out 2>&1 &
+	pid=$!
+	bg_wait_pid $pid 240 || rc=$?
+	if [ $rc -ne 0 ]; then
+		echo w >/proc/sysrq-trigger
+		must dmsetup message cw 0 flush
+		bg_wait_pid $pid 120
+		fail "writes stalled with the cache full (see the blocked tasks)"
+		return 1
+	fi
+	log "$(grep -E '^ *write: IOPS' fio.out | tr -s ' ' | cut -d, -f1), cache $(dm_status_field cw 4), evictions $(dm_status_field cw 7)"
+	must fsync_path /dev/mapper/cw || return 1
+	dm_remove cw || return 1
+	img_check "$RIMG" || return 1
+	cd .. && rm -rf cw
+}
