@@ -959,6 +959,17 @@ test_hdr_lazy_clean() {
 	cd .. && rm -rf lz
 }
 
+# lazy_live NAME BYTE: in a fresh directory NAME, a 64 MiB lazy-refcounts
+# image (its path in the caller's img) served as NAME, with 256 KiB of
+# BYTE written at 1 MiB through the device.
+lazy_live() {
+	newdir "$1" || return 1
+	img=$PWD/$1.qcow2
+	must qemu-img create -q -f qcow2 -o lazy_refcounts=on "$img" 64M &&
+		wdev_create "$1" "$img" &&
+		qio -n -f raw -c "write -P $2 1M 256k" "$WDEV"
+}
+
 # A table reload (dmsetup load, then resume) of a live lazy-refcounts
 # image whose dirty bit the live table set: the new table loads (the bit
 # is the live table's, cleared when it is suspended), takes over, and the
@@ -966,12 +977,7 @@ test_hdr_lazy_clean() {
 test_hdr_lazy_reload() {
 	local img tbl
 	dm_only || return 0
-	newdir lr || return 1
-	img=$PWD/lr.qcow2
-	must qemu-img create -q -f qcow2 -o lazy_refcounts=on "$img" 64M ||
-		return 1
-	wdev_create lr "$img" || return 1
-	qio -n -f raw -c "write -P 0x61 1M 256k" "$WDEV" || return 1
+	lazy_live lr 0x61 || return 1
 	[ $(($(hdr_byte "$img" $DIRTY_BYTE) & DIRTY_BIT)) != 0 ] ||
 		fail "test premise: the dirty bit is not set while live" || return 1
 	tbl=$(dmsetup table lr)
@@ -996,12 +1002,7 @@ test_hdr_lazy_reload() {
 test_resume_refused() {
 	local img
 	dm_only || return 0
-	newdir rr || return 1
-	img=$PWD/rr.qcow2
-	must qemu-img create -q -f qcow2 -o lazy_refcounts=on "$img" 64M ||
-		return 1
-	wdev_create rr "$img" || return 1
-	qio -n -f raw -c "write -P 0x63 1M 256k" "$WDEV" || return 1
+	lazy_live rr 0x63 || return 1
 	must dmsetup suspend rr || return 1
 	hdr_set_bits "$img" $DIRTY_BYTE 128
 	dmsetup resume rr 2>/dev/null && fail "resumed over an unknown bit" &&
