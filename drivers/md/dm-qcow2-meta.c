@@ -1532,14 +1532,45 @@ static int load_l1(struct qcow2 *q)
 }
 
 /*
- * Count the allocated clusters and find the first free one, reading every
- * refcount block once. Only writable tables need it.
+ * At most this much of the refcount blocks, and this many blocks, are
+ * read at table load and at each resume (a whole image of 2 TiB at
+ * 64 KiB clusters, 64 GiB at 4 KiB, with 16-bit refcounts): a hostile
+ * image whose refcount table names a million blocks must not make
+ * dmsetup create read terabytes, or make a million reads.
+ */
+#define QCOW2_SCAN_MAX_BYTES	SZ_64M
+#define QCOW2_SCAN_MAX_BLOCKS	8192
+
+/* Count the in-use entries of one refcount block, and where they end. */
+static void scan_block(struct qcow2 *q, const void *buf, u64 first,
+		       u64 *n, u64 *end, u64 *first_free)
+{
+	u64 per = clusters_per_block(q), i;
+
+	for (i = 0; i < per; i++) {
+		if (qcow2_refcount_get(buf, i, q->hdr.refcount_order)) {
+			(*n)++;
+			*end = first + i + 1;
+		} else if (*first_free == ~0ULL && first + i) {
+			*first_free = first + i;
+		}
+	}
+}
+
+/*
+ * Check and remember every refcount block, count the allocated clusters
+ * and find the first free one, reading each block once. Only writable
+ * tables need it. Blocks that describe only clusters past the end of the
+ * image are not read (nothing can lie there yet), nor any past the
+ * QCOW2_SCAN_MAX_* bounds: then the count is partial (the status shows "-")
+ * and the allocator reads the rest as it needs it, through the cache.
  */
 static int scan_refcounts(struct qcow2 *q, const char **err)
 {
 	const struct qcow2_header *h = &q->hdr;
-	u64 per = clusters_per_block(q), block, i, n = 0, first_free = ~0ULL;
-	u64 end = 0;
+	u64 per = clusters_per_block(q), block, n = 0, first_free = ~0ULL;
+	u64 end = 0, read = 0;
+	u64 clusters = DIV_ROUND_UP(q->io.size, h->cluster_size);
 	void *buf;
 	u32 rt;
 	int r = 0;
@@ -1547,6 +1578,7 @@ static int scan_refcounts(struct qcow2 *q, const char **err)
 	buf = kvmalloc(h->cluster_size, GFP_KERNEL);
 	if (!buf)
 		return -ENOMEM;
+	q->refcounts_partial = false;
 	for (rt = 0; rt < q->rt_entries && !r; rt++) {
 		r = qcow2_reftable_decode(h, q->reftable[rt], &block, err);
 		if (r || !block) {
@@ -1564,21 +1596,27 @@ static int scan_refcounts(struct qcow2 *q, const char **err)
 			r = -EINVAL;
 			break;
 		}
-		r = qcow2_io_read_meta(&q->io, buf, h->cluster_size, block);
-		for (i = 0; !r && i < per; i++) {
-			if (qcow2_refcount_get(buf, i, h->refcount_order)) {
-				n++;
-				end = rt * per + i + 1;
-			} else if (first_free == ~0ULL && (rt * per + i)) {
-				first_free = rt * per + i;
-			}
+		if ((u64)rt * per >= clusters ||
+		    read + h->cluster_size > QCOW2_SCAN_MAX_BYTES ||
+		    read >= (u64)QCOW2_SCAN_MAX_BLOCKS * h->cluster_size) {
+			/* Not read: the allocator looks there itself */
+			if (first_free == ~0ULL)
+				first_free = (u64)rt * per;
+			if ((u64)rt * per < clusters)
+				q->refcounts_partial = true;
+			continue;
 		}
+		read += h->cluster_size;
+		r = qcow2_io_read_meta(&q->io, buf, h->cluster_size, block);
+		if (!r)
+			scan_block(q, buf, (u64)rt * per, &n, &end, &first_free);
 	}
 	kvfree(buf);
 	if (r == -EUCLEAN)
 		r = -EINVAL;
 	atomic64_set(&q->allocated, n);
-	q->end_cluster = end;
+	/* Past what was read, anything below the image's end may be in use */
+	q->end_cluster = q->refcounts_partial ? max(end, clusters) : end;
 	q->free_cursor = first_free == ~0ULL ? (u64)q->rt_entries * per :
 					       first_free;
 	return r;

@@ -356,8 +356,11 @@ static void qcow2_status(struct dm_target *ti, status_type_t type,
 		       (u64)st.max_slices * st.slice_size,
 		       st.hits, st.misses, st.evictions,
 		       test_bit(QCOW2_F_CORRUPT, &q->flags) ? "corrupt" : "ok");
-		/* Read-only tables do not read the refcounts */
-		if (q->writable)
+		/*
+		 * Read-only tables do not read the refcounts; a large or
+		 * hostile image may not have had all of them read at load
+		 */
+		if (q->writable && !READ_ONCE(q->refcounts_partial))
 			DMEMIT("%lld %lu", (s64)atomic64_read(&q->allocated),
 			       st.dirty);
 		else

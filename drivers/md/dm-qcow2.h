@@ -241,6 +241,7 @@ struct qcow2 {
 	u64 free_cursor;		/* first cluster that may be free */
 	u64 end_cluster;		/* past the last cluster seen in use */
 	atomic64_t allocated;		/* clusters with a non-zero refcount */
+	bool refcounts_partial;		/* @allocated: not every block read */
 	bool dirty_bit_set;		/* lazy refcounts: we set the dirty bit */
 	bool resumed;			/* a resume has reloaded the image */
 	struct list_head live;		/* on the list of writable images */
