@@ -40,6 +40,11 @@
  *    zeros elsewhere, where the data does not read as zeros already;
  *  - flushes write back the metadata and flush the image (qcow2_sync()).
  *
+ * Every read, write and write-zeroes bio is a reader of q->io_srcu from
+ * ->map() until it ends (qcow2_map_bio()), whichever of these paths serves
+ * it: a cluster freed meanwhile is not handed out again before it has
+ * ended, so no bio mapped to a cluster lands in what the cluster became.
+ *
  * Every entry is decoded by dm-qcow2-format and every host offset is
  * checked against the image size and the metadata we know of before any
  * I/O is issued through it.

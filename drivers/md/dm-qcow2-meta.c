@@ -13,7 +13,9 @@
  *  - qcow2_sync() holds meta_sem exclusively while it writes, so the L2
  *    and refcount slices it writes are one consistent state.
  *  - Refcount decreases wait on the frees list until a qcow2_sync() has
- *    made the L2 change that dropped the reference durable.
+ *    made the L2 change that dropped the reference durable, then for a
+ *    grace period of the bios in flight (frees_after_grace()): a cluster
+ *    is allocated again only once no bio mapped to it before is.
  *  - A new L2 table is written before its L1 entry is set in memory; the
  *    entry is written by the next qcow2_sync() with the L2 slices, after
  *    the flush that made the table and its refcount durable. A table it
