@@ -429,6 +429,7 @@ static int refcount_update_locked(struct qcow2 *q, u64 host, int delta)
 	u64 cluster = host >> q->hdr.cluster_bits, slice_off;
 	int r;
 
+	lockdep_assert_held(&q->alloc_lock);
 	r = refcount_locate(q, cluster, &slice_off, &rc.index);
 	if (r)
 		return r;
@@ -798,6 +799,7 @@ static void *new_refblock(struct qcow2 *q, u64 first, u64 start, u64 count)
 static void set_table_entry(struct qcow2 *q, struct qcow2_dirty *d,
 			    u64 *table, u64 idx, u64 entry)
 {
+	lockdep_assert_held(&q->alloc_lock);
 	down_read(&q->meta_sem);
 	spin_lock(&q->lock);
 	d->first = min(d->first, idx);
@@ -826,6 +828,7 @@ static int add_refblock(struct qcow2 *q, u64 cluster)
 	void *buf;
 	int r;
 
+	lockdep_assert_held(&q->alloc_lock);
 	if (!cluster_fits(q, cluster, 1))
 		return -ENOSPC;
 	if (overlaps_metadata(q, off, q->hdr.cluster_size))
@@ -906,6 +909,7 @@ static int grow_reftable(struct qcow2 *q, u64 need_rt)
 	u64 *table;
 	int r;
 
+	lockdep_assert_held(&q->alloc_lock);
 	bits = qcow2_refblock_bits(h);
 	entries = max_t(u64, (u64)q->rt_entries * 2, need_rt + 1);
 	/* Both only grow, so this settles */
@@ -1039,6 +1043,7 @@ static int alloc_locked(struct qcow2 *q, u64 *host)
 	u32 index;
 	int r;
 
+	lockdep_assert_held(&q->alloc_lock);
 	r = mark_dirty_once(q);
 	if (r)
 		return r;
@@ -1808,6 +1813,7 @@ static int alloc_run(struct qcow2 *q, u32 n, u64 *start)
 	u64 cursor = q->free_cursor, spare[QCOW2_MAX_RESTARTS + 1][2], host;
 	int r = 0;
 
+	lockdep_assert_held(&q->alloc_lock);
 	q->free_cursor = max(cursor, q->end_cluster);
 	while (got < n) {
 		r = alloc_locked(q, &host);
