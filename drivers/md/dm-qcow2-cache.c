@@ -18,7 +18,16 @@
  * When room is needed and only dirty slices could give it, the owner's
  * writeback is kicked and the caller waits.
  *
- * One spinlock protects the hash, both lists, reference counts, flags,
+ * Memory for a load comes from the allocator without waiting on reclaim,
+ * else from a spare list made with the cache (QCOW2_CACHE_SPARE slices,
+ * refilled first by every slice freed), else from a slice evicted as if
+ * the cache were full. The spare list and the slices it went to are never
+ * fewer than QCOW2_CACHE_SPARE: a load that finds neither memory nor a
+ * spare waits for one of those to be unpinned, or written back, as when
+ * the cache is full. A shrinker gives clean unpinned slices back to the
+ * system.
+ *
+ * One spinlock protects the hash, the lists, reference counts, flags,
  * slice contents and statistics; it is never held across I/O or
  * allocation.
  */
@@ -75,10 +84,28 @@ static void slice_pin(struct qcow2_slice *s)
 		list_del_init(&s->lru);
 }
 
-static void slice_free(struct qcow2_slice *s)
+static void slice_release(struct qcow2_slice *s)
 {
 	kfree(s->data);
 	kfree(s);
+}
+
+/* A slice leaves the cache: it refills the spare list first. */
+static void slice_free(struct qcow2_cache *c, struct qcow2_slice *s)
+{
+	bool spare;
+
+	spin_lock(&c->lock);
+	spare = c->nr_spare < QCOW2_CACHE_SPARE;
+	if (spare) {
+		list_add(&s->lru, &c->spare);
+		c->nr_spare++;
+	}
+	spin_unlock(&c->lock);
+	if (!spare)
+		slice_release(s);
+	else if (wq_has_sleeper(&c->wait))
+		wake_up_all(&c->wait);
 }
 
 static void cache_put(struct qcow2_cache *c, struct qcow2_slice *s)
@@ -114,7 +141,7 @@ static void cache_put(struct qcow2_cache *c, struct qcow2_slice *s)
 	}
 	spin_unlock(&c->lock);
 	if (release)
-		slice_free(s);
+		slice_free(c, s);
 	/* A loader may be waiting for a slice to become evictable */
 	if (wq_has_sleeper(&c->wait)) {
 		if (kick && c->kick_writeback)
@@ -125,11 +152,12 @@ static void cache_put(struct qcow2_cache *c, struct qcow2_slice *s)
 
 /*
  * Find memory for one more slice, under c->lock: reuse the least recently
- * used unpinned slice, or reserve room for a new one below the bound.
- * Returns the reused slice, NULL with *reserved set, or NULL when the
- * caller must wait for a slice to be unpinned.
+ * used unpinned slice, or reserve room for a new one below the bound
+ * (unless @no_mem: the allocator and the spare list had none). Returns
+ * the reused slice, NULL with *reserved set, or NULL when the caller must
+ * wait for a slice to be unpinned.
  */
-static struct qcow2_slice *cache_reclaim(struct qcow2_cache *c,
+static struct qcow2_slice *cache_reclaim(struct qcow2_cache *c, bool no_mem,
 					 bool *reserved)
 {
 	struct qcow2_slice *s;
@@ -140,8 +168,8 @@ static struct qcow2_slice *cache_reclaim(struct qcow2_cache *c,
 	 * over the bound rather than wait forever; the extra slices are
 	 * freed as soon as they are released (cache_put()).
 	 */
-	if (c->nr_slices < c->max_slices ||
-	    (c->stuck && list_empty(&c->lru))) {
+	if (!no_mem && (c->nr_slices < c->max_slices ||
+			(c->stuck && list_empty(&c->lru)))) {
 		c->nr_slices++;
 		*reserved = true;
 		return NULL;
@@ -155,31 +183,57 @@ static struct qcow2_slice *cache_reclaim(struct qcow2_cache *c,
 	return s;
 }
 
-static bool cache_can_reclaim(struct qcow2_cache *c)
+static bool cache_can_reclaim(struct qcow2_cache *c, bool no_mem)
 {
 	bool ok;
 
 	spin_lock(&c->lock);
-	ok = c->nr_slices < c->max_slices || !list_empty(&c->lru) ||
-	     c->stuck;
+	ok = !list_empty(&c->lru) || c->stuck ||
+	     (no_mem ? c->nr_spare : c->nr_slices < c->max_slices);
 	spin_unlock(&c->lock);
 	return ok;
 }
 
-static struct qcow2_slice *slice_alloc(struct qcow2_cache *c)
+/* A new slice from the allocator, @gfp, or NULL */
+static struct qcow2_slice *slice_new(struct qcow2_cache *c, gfp_t gfp)
 {
 	struct qcow2_slice *s;
 
-	s = kzalloc(sizeof(*s), GFP_NOIO);
+	if (qcow2_alloc_fails(c->slice_size))
+		return NULL;
+	s = kzalloc(sizeof(*s), gfp);
 	if (!s)
 		return NULL;
-	s->data = kmalloc(c->slice_size, GFP_NOIO);
+	s->data = kmalloc(c->slice_size, gfp);
 	if (!s->data) {
 		kfree(s);
 		return NULL;
 	}
-	INIT_LIST_HEAD(&s->lru);
-	INIT_HLIST_NODE(&s->hash);
+	return s;
+}
+
+/*
+ * Memory for a slice to load: from the allocator without waiting for
+ * much reclaim (the cache can do with fewer slices), else a spare.
+ */
+static struct qcow2_slice *slice_alloc(struct qcow2_cache *c)
+{
+	struct qcow2_slice *s = slice_new(c, QCOW2_GFP_TRY);
+
+	if (!s) {
+		spin_lock(&c->lock);
+		s = list_first_entry_or_null(&c->spare, struct qcow2_slice,
+					     lru);
+		if (s) {
+			list_del(&s->lru);
+			c->nr_spare--;
+		}
+		spin_unlock(&c->lock);
+	}
+	if (s) {
+		INIT_LIST_HEAD(&s->lru);
+		INIT_HLIST_NODE(&s->hash);
+	}
 	return s;
 }
 
@@ -189,7 +243,7 @@ static void cache_unreserve(struct qcow2_cache *c, struct qcow2_slice *s)
 	spin_lock(&c->lock);
 	c->nr_slices--;
 	spin_unlock(&c->lock);
-	slice_free(s);
+	slice_free(c, s);
 	wake_up_all(&c->wait);
 }
 
@@ -233,7 +287,7 @@ static struct qcow2_slice *cache_load(struct qcow2_cache *c,
 static struct qcow2_slice *cache_get(struct qcow2_cache *c, u64 key)
 {
 	struct qcow2_slice *s, *fresh = NULL;
-	bool reserved, kick;
+	bool reserved, kick, no_mem = false;
 
 	for (;;) {
 		spin_lock(&c->lock);
@@ -249,22 +303,26 @@ static struct qcow2_slice *cache_get(struct qcow2_cache *c, u64 key)
 		}
 		if (fresh)
 			break;
-		fresh = cache_reclaim(c, &reserved);
+		fresh = cache_reclaim(c, no_mem, &reserved);
 		kick = !fresh && !reserved && c->nr_dirty;
 		spin_unlock(&c->lock);
 		if (reserved) {
 			fresh = slice_alloc(c);
 			if (!fresh) {
+				/* No memory: as if full, until a spare comes */
 				spin_lock(&c->lock);
 				c->nr_slices--;
 				spin_unlock(&c->lock);
-				return ERR_PTR(-ENOMEM);
+				no_mem = true;
 			}
 		} else if (!fresh) {
 			/* Full of pinned and dirty slices: writeback frees some */
 			if (kick && c->kick_writeback)
 				c->kick_writeback(c->owner);
-			wait_event(c->wait, cache_can_reclaim(c));
+			/* Memory may come back without a wake-up: look again */
+			wait_event_timeout(c->wait,
+					   cache_can_reclaim(c, no_mem), HZ);
+			no_mem = false;
 		}
 	}
 	/* Still under c->lock, and nobody else has this slice */
@@ -395,7 +453,7 @@ void qcow2_cache_invalidate(struct qcow2_cache *c)
 	}
 	spin_unlock(&c->lock);
 	list_for_each_entry_safe(s, tmp, &drop, lru)
-		slice_free(s);
+		slice_free(c, s);
 }
 
 /*
@@ -432,7 +490,7 @@ void qcow2_cache_forget(struct qcow2_cache *c, u64 off, u64 len)
 	spin_unlock(&c->lock);
 	while ((s = list_first_entry_or_null(&drop, struct qcow2_slice, lru))) {
 		list_del(&s->lru);
-		slice_free(s);
+		slice_free(c, s);
 	}
 	wake_up_all(&c->wait);
 }
@@ -468,7 +526,7 @@ void qcow2_cache_resize(struct qcow2_cache *c, u64 bytes)
 	}
 	spin_unlock(&c->lock);
 	list_for_each_entry_safe(s, tmp, &drop, lru)
-		slice_free(s);
+		slice_free(c, s);
 	/* Loaders waiting for room may go on with a higher bound */
 	wake_up_all(&c->wait);
 }
@@ -478,13 +536,100 @@ unsigned long qcow2_cache_nr_dirty(struct qcow2_cache *c)
 	return READ_ONCE(c->nr_dirty);
 }
 
+/* ---- Shrinker ---- */
+
+static struct qcow2_cache *shrinker_cache(struct shrinker *sh)
+{
+#ifdef QCOW2_SHRINKER_ALLOC
+	return sh->private_data;
+#else
+	return container_of(sh, struct qcow2_cache, shrinker_s);
+#endif
+}
+
+/* Clean slices, roughly: pinned ones are counted too */
+static unsigned long cache_shrink_count(struct shrinker *sh,
+					struct shrink_control *sc)
+{
+	struct qcow2_cache *c = shrinker_cache(sh);
+	unsigned long n = READ_ONCE(c->nr_slices), d = READ_ONCE(c->nr_dirty);
+
+	return n > d ? n - d : 0;
+}
+
+/* Free the least recently used clean, unpinned slices */
+static unsigned long cache_shrink_scan(struct shrinker *sh,
+				       struct shrink_control *sc)
+{
+	struct qcow2_cache *c = shrinker_cache(sh);
+	struct qcow2_slice *s, *tmp;
+	unsigned long freed = 0;
+	LIST_HEAD(drop);
+
+	spin_lock(&c->lock);
+	list_for_each_entry_safe(s, tmp, &c->lru, lru) {
+		if (freed >= sc->nr_to_scan)
+			break;
+		hlist_del_init(&s->hash);
+		list_move(&s->lru, &drop);
+		c->nr_slices--;
+		freed++;
+	}
+	spin_unlock(&c->lock);
+	list_for_each_entry_safe(s, tmp, &drop, lru)
+		slice_free(c, s);
+	return freed ?: SHRINK_STOP;
+}
+
+static int cache_shrinker_add(struct qcow2_cache *c)
+{
+	struct shrinker *sh;
+
+#ifdef QCOW2_SHRINKER_ALLOC
+	sh = shrinker_alloc(0, "dm-qcow2-cache");
+	if (!sh)
+		return -ENOMEM;
+	sh->private_data = c;
+#else
+	sh = &c->shrinker_s;
+#endif
+	sh->count_objects = cache_shrink_count;
+	sh->scan_objects = cache_shrink_scan;
+	sh->seeks = DEFAULT_SEEKS;
+#ifdef QCOW2_SHRINKER_ALLOC
+	shrinker_register(sh);
+#else
+	if (register_shrinker(sh, "dm-qcow2-cache"))
+		return -ENOMEM;
+#endif
+	c->shrinker = sh;
+	return 0;
+}
+
+static void cache_shrinker_del(struct qcow2_cache *c)
+{
+	if (!c->shrinker)
+		return;
+#ifdef QCOW2_SHRINKER_ALLOC
+	shrinker_free(c->shrinker);
+#else
+	unregister_shrinker(c->shrinker);
+#endif
+	c->shrinker = NULL;
+}
+
+/* ---- Setup ---- */
+
 int qcow2_cache_init(struct qcow2_cache *c, struct qcow2_io *io,
 		     unsigned int slice_size, u64 bytes)
 {
+	struct qcow2_slice *s;
+
 	memset(c, 0, sizeof(*c));
 	spin_lock_init(&c->lock);
 	INIT_LIST_HEAD(&c->lru);
 	INIT_LIST_HEAD(&c->dirty);
+	INIT_LIST_HEAD(&c->spare);
 	init_waitqueue_head(&c->wait);
 	c->io = io;
 	c->slice_size = slice_size;
@@ -493,17 +638,30 @@ int qcow2_cache_init(struct qcow2_cache *c, struct qcow2_io *io,
 	/* About one bucket per slice, capped so the table stays small */
 	c->hash_bits = min_t(unsigned int, ilog2(c->max_slices), 16);
 	c->hash = kvcalloc(1U << c->hash_bits, sizeof(*c->hash), GFP_KERNEL);
-	return c->hash ? 0 : -ENOMEM;
+	if (!c->hash)
+		return -ENOMEM;
+	while (c->nr_spare < QCOW2_CACHE_SPARE) {
+		s = slice_new(c, GFP_KERNEL);
+		if (!s)
+			return -ENOMEM;
+		list_add(&s->lru, &c->spare);
+		c->nr_spare++;
+	}
+	return cache_shrinker_add(c);
 }
 
+/* Also after a failed qcow2_cache_init() */
 void qcow2_cache_exit(struct qcow2_cache *c)
 {
 	struct qcow2_slice *s, *tmp;
 
+	cache_shrinker_del(c);
 	/* All I/O has finished: every slice is unpinned, clean or not */
 	list_splice_init(&c->dirty, &c->lru);
+	list_splice_init(&c->spare, &c->lru);
 	list_for_each_entry_safe(s, tmp, &c->lru, lru)
-		slice_free(s);
+		slice_release(s);
+	c->nr_spare = 0;
 	kvfree(c->hash);
 	c->hash = NULL;
 }

@@ -38,7 +38,14 @@ static int io_open_bdev(struct dm_target *ti, struct qcow2_io *io,
 	}
 	io->size = bdev_nr_bytes(io->dev->bdev);
 	io->lbs = bdev_logical_block_size(io->dev->bdev);
-	return 0;
+	/* Metadata and worker-written data: see io_bdev_add() */
+	r = bioset_init(&io->bs, BIO_POOL_SIZE, 0, BIOSET_NEED_BVECS);
+	if (r) {
+		dm_put_device(ti, io->dev);
+		io->dev = NULL;
+		ti->error = "Cannot allocate memory";
+	}
+	return r;
 }
 
 static bool file_can_dio(struct file *file)
@@ -118,8 +125,10 @@ const void *qcow2_io_key(struct qcow2_io *io)
 
 void qcow2_io_close(struct dm_target *ti, struct qcow2_io *io)
 {
-	if (io->dev)
+	if (io->dev) {
+		bioset_exit(&io->bs);
 		dm_put_device(ti, io->dev);
+	}
 	if (io->file)
 		fput(io->file);
 	io->dev = NULL;
@@ -128,11 +137,7 @@ void qcow2_io_close(struct dm_target *ti, struct qcow2_io *io)
 
 /* ---- Metadata: synchronous, from process context ---- */
 
-static struct page *buf_page(void *addr)
-{
-	return is_vmalloc_addr(addr) ? vmalloc_to_page(addr) :
-				       virt_to_page(addr);
-}
+static struct page *buf_page(void *addr);
 
 /*
  * Describe a kmalloc or vmalloc buffer as page segments; returns how many
@@ -155,52 +160,141 @@ unsigned int qcow2_buf_to_bvec(struct bio_vec *bv, unsigned int max,
 	return n;
 }
 
-/* Fill the data of @bio from @src (as many bytes as the bio holds). */
-void qcow2_bio_copy_from_buf(struct bio *bio, const void *src)
+/* Fill bytes [@skip, @skip + @len) of @bio's data from @src. */
+void qcow2_bio_copy_range(struct bio *bio, u32 skip, const void *src,
+			  u32 len)
 {
-	struct bvec_iter iter;
+	struct bvec_iter start = bio->bi_iter, iter;
 	struct bio_vec bv;
 
-	bio_for_each_segment(bv, bio, iter) {
+	bio_advance_iter(bio, &start, skip);
+	start.bi_size = len;
+	__bio_for_each_segment(bv, bio, iter, start) {
 		memcpy_to_bvec(&bv, src);
 		src += bv.bv_len;
 	}
 }
 
+/* Fill the data of @bio from @src (as many bytes as the bio holds). */
+void qcow2_bio_copy_from_buf(struct bio *bio, const void *src)
+{
+	qcow2_bio_copy_range(bio, 0, src, bio->bi_iter.bi_size);
+}
+
 /*
- * Synchronous I/O of a segment array to the block device: bios of up to
- * BIO_MAX_VECS segments each, chained (the last one ends when all have),
- * all in flight together and waited for once.
+ * Synchronous I/O to the block device, page by page (io_bdev_add()):
+ * bios of up to BIO_MAX_VECS segments from the image's own bio_set, all
+ * in flight together and waited for once. Each bio is submitted before
+ * the next is allocated, so the bio_set's reserve always comes back: no
+ * bio is held unsubmitted while another is waited for.
  */
+struct io_bdev_batch {
+	struct qcow2_io *io;
+	blk_opf_t opf;
+	u64 off;			/* where the next page goes */
+	unsigned int left;		/* pages still to come, at most */
+	struct bio *bio;		/* being filled, not yet submitted */
+	atomic_t pending;		/* bios in flight, +1 while adding */
+	blk_status_t status;		/* an error of one of them */
+	struct completion done;
+};
+
+static void io_bdev_end(struct bio *bio)
+{
+	struct io_bdev_batch *b = bio->bi_private;
+
+	if (bio->bi_status)
+		WRITE_ONCE(b->status, bio->bi_status);
+	bio_put(bio);
+	if (atomic_dec_and_test(&b->pending))
+		complete(&b->done);
+}
+
+static void io_bdev_start(struct io_bdev_batch *b, struct qcow2_io *io,
+			  blk_opf_t opf, u64 off, unsigned int pages)
+{
+	b->io = io;
+	b->opf = opf;
+	b->off = off;
+	b->left = pages;
+	b->bio = NULL;
+	atomic_set(&b->pending, 1);
+	b->status = BLK_STS_OK;
+	init_completion(&b->done);
+}
+
+static void io_bdev_submit(struct io_bdev_batch *b)
+{
+	if (!b->bio)
+		return;
+	atomic_inc(&b->pending);
+	submit_bio(b->bio);
+	b->bio = NULL;
+}
+
+static void io_bdev_add(struct io_bdev_batch *b, struct page *page,
+			unsigned int len, unsigned int offset)
+{
+	struct bio *bio = b->bio;
+
+	if (!bio || bio_add_page(bio, page, len, offset) != len) {
+		io_bdev_submit(b);
+		/* From the bio_set's reserve when memory is short: never fails */
+		bio = bio_alloc_bioset(b->io->dev->bdev,
+				       clamp_t(unsigned int, b->left, 1,
+					       BIO_MAX_VECS),
+				       b->opf, GFP_NOIO, &b->io->bs);
+		bio->bi_iter.bi_sector = b->off >> SECTOR_SHIFT;
+		bio->bi_end_io = io_bdev_end;
+		bio->bi_private = b;
+		__bio_add_page(bio, page, len, offset);
+		b->bio = bio;
+	}
+	b->off += len;
+	if (b->left)
+		b->left--;
+}
+
+static int io_bdev_finish(struct io_bdev_batch *b)
+{
+	io_bdev_submit(b);
+	if (!atomic_dec_and_test(&b->pending))
+		wait_for_completion_io(&b->done);
+	return blk_status_to_errno(READ_ONCE(b->status));
+}
+
 static int io_bdev_rw(struct qcow2_io *io, blk_opf_t opf,
 		      const struct bio_vec *bv, unsigned int nr, u64 off)
 {
-	struct bio *bio = NULL, *next;
-	unsigned int i = 0;
-	int r;
+	struct io_bdev_batch b;
+	unsigned int i;
 
-	while (i < nr) {
-		next = bio_alloc(io->dev->bdev, min_t(unsigned int, nr - i,
-						      BIO_MAX_VECS),
-				 opf, GFP_NOIO);
-		next->bi_iter.bi_sector = off >> SECTOR_SHIFT;
-		for (; i < nr; i++) {
-			if (bio_add_page(next, bv[i].bv_page, bv[i].bv_len,
-					 bv[i].bv_offset) != bv[i].bv_len)
-				break;
-			off += bv[i].bv_len;
-		}
-		if (bio) {
-			bio_chain(bio, next);
-			submit_bio(bio);
-		}
-		bio = next;
+	io_bdev_start(&b, io, opf, off, nr);
+	for (i = 0; i < nr; i++)
+		io_bdev_add(&b, bv[i].bv_page, bv[i].bv_len, bv[i].bv_offset);
+	return io_bdev_finish(&b);
+}
+
+static struct page *buf_page(void *addr)
+{
+	return is_vmalloc_addr(addr) ? vmalloc_to_page(addr) :
+				       virt_to_page(addr);
+}
+
+/* A kmalloc or vmalloc buffer, the same way */
+static int io_bdev_rw_buf(struct qcow2_io *io, blk_opf_t opf, void *buf,
+			  size_t len, u64 off)
+{
+	struct io_bdev_batch b;
+	unsigned int chunk;
+
+	io_bdev_start(&b, io, opf, off,
+		      DIV_ROUND_UP(offset_in_page(buf) + len, PAGE_SIZE));
+	for (; len; buf += chunk, len -= chunk) {
+		chunk = min_t(size_t, len, PAGE_SIZE - offset_in_page(buf));
+		io_bdev_add(&b, buf_page(buf), chunk, offset_in_page(buf));
 	}
-	if (!bio)
-		return 0;
-	r = submit_bio_wait(bio);
-	bio_put(bio);
-	return r;
+	return io_bdev_finish(&b);
 }
 
 /* A direct I/O issued asynchronously and waited for: io_file_rw_bytes() */
@@ -308,36 +402,45 @@ static int io_file_rw(struct qcow2_io *io, bool write, bool direct,
 	return r == len ? 0 : -EIO;	/* short: past EOF, or no space */
 }
 
+/* Segments of a file's buffered I/O on the stack: io_rw_buf() */
+#define QCOW2_BUF_VECS		16
+
 /*
  * Synchronous I/O of a buffer. A short file read fails, or with
- * @zero_tail reads zeros past the end of the file.
+ * @zero_tail reads zeros past the end of the file. A file's goes through
+ * the page cache in pieces of QCOW2_BUF_VECS pages: nothing to allocate.
  */
 static int io_rw_buf(struct qcow2_io *io, bool write, void *buf, size_t len,
 		     u64 off, bool zero_tail)
 {
 	blk_opf_t opf = (write ? REQ_OP_WRITE : REQ_OP_READ) | REQ_META |
 			REQ_SYNC;
-	struct bio_vec *bv;
+	struct bio_vec bv[QCOW2_BUF_VECS];
+	size_t done = 0, piece;
 	unsigned int nr, noio;
-	ssize_t r;
+	ssize_t r = 0;
 
-	nr = DIV_ROUND_UP(offset_in_page(buf) + len, PAGE_SIZE);
-	bv = kmalloc_array(nr, sizeof(*bv), GFP_NOIO);
-	if (!bv)
-		return -ENOMEM;
-	nr = qcow2_buf_to_bvec(bv, nr, buf, len);
 	noio = memalloc_noio_save();
 	if (io->dev)
-		r = io_bdev_rw(io, opf, bv, nr, off);
-	else
-		r = io_file_rw_bytes(io, write, false, bv, nr, len, off);
+		r = io_bdev_rw_buf(io, opf, buf, len, off);
+	while (!io->dev && done < len) {
+		piece = min_t(size_t, len - done, QCOW2_BUF_VECS * PAGE_SIZE -
+			      offset_in_page(buf + done));
+		nr = qcow2_buf_to_bvec(bv, QCOW2_BUF_VECS, buf + done, piece);
+		r = io_file_rw_bytes(io, write, false, bv, nr, piece,
+				     off + done);
+		if (r < 0)
+			break;
+		done += r;
+		if (r < piece)
+			break;
+	}
 	memalloc_noio_restore(noio);
-	kfree(bv);
 	if (io->dev || r < 0)
 		return r;
-	if (r < len && !write && zero_tail)
-		memset(buf + r, 0, len - r);
-	else if (r < len)
+	if (done < len && !write && zero_tail)
+		memset(buf + done, 0, len - done);
+	else if (done < len)
 		return -EIO;	/* short: past EOF, or no space */
 	return 0;
 }
@@ -829,7 +932,7 @@ static bool file_submit_merged(struct qcow2_io *io, struct bio *bio,
 	unsigned int i = 0, nr = 0;
 	size_t len = 0;
 
-	vec = kmalloc_array(nr_bvec, sizeof(*vec), GFP_NOIO | __GFP_NOWARN);
+	vec = qcow2_kmalloc_array(nr_bvec, sizeof(*vec), QCOW2_GFP_TRY);
 	if (!vec)
 		return false;
 	for (b = bio; b; b = b->bi_next) {

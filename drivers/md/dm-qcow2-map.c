@@ -311,24 +311,40 @@ static int chain_read(struct qcow2 *b, u64 voff, u8 *buf, u32 len)
 static int read_buffered(struct qcow2 *q, struct bio *bio,
 			 struct qcow2 *layer, const struct qcow2_l2_map *m)
 {
-	u32 len = bio->bi_iter.bi_size;
+	u32 len = bio->bi_iter.bi_size, cs = q->hdr.cluster_size, off, n;
 	u64 voff = bio_voff(bio);
-	u8 *buf;
-	int r;
+	u8 *buf = NULL;
+	int r = 0;
 
-	buf = kvmalloc(len, GFP_NOIO);
-	if (!buf)
-		return -ENOMEM;
-	if (m)
-		r = sc_view(q, m, voff, buf, len, U32_MAX);
-	else
+	/*
+	 * More than a cluster (a read that missed, up to 4 MiB): in one
+	 * buffer when memory allows, else a cluster at a time through the
+	 * reserve (@m: the bio is within one cluster).
+	 */
+	if (len > cs)
+		buf = qcow2_kvmalloc(len, QCOW2_GFP_TRY);
+	if (buf) {
 		r = chain_read(layer, voff, buf, len);
-	if (!r)
-		qcow2_bio_copy_from_buf(bio, buf);
-	else if (r != -EUCLEAN)
+		if (!r)
+			qcow2_bio_copy_from_buf(bio, buf);
+		kvfree(buf);
+		goto out;
+	}
+	buf = qcow2_pool_get(&q->buf_pool);
+	for (off = 0; !r && off < len; off += n) {
+		n = min(len - off, cs - qcow2_cluster_offset(&q->hdr, voff + off));
+		if (m)
+			r = sc_view(q, m, voff + off, buf, n, U32_MAX);
+		else
+			r = chain_read(layer, voff + off, buf, n);
+		if (!r)
+			qcow2_bio_copy_range(bio, off, buf, n);
+	}
+	qcow2_pool_put(&q->buf_pool, buf);
+out:
+	if (r && r != -EUCLEAN)
 		DMERR_LIMIT("%s: read at guest offset %llu failed: %d",
 			    dm_table_device_name(q->ti->table), voff, r);
-	kvfree(buf);
 	return r;
 }
 
@@ -577,19 +593,39 @@ struct qcow2_fill {
 };
 
 /*
+ * Segment arrays: @max entries, from the reserve when they describe one
+ * cluster's write (q->pool_vecs bounds those, see qcow2_map_init()), else
+ * from the allocator, NULL when it has none: the caller then goes a
+ * cluster at a time.
+ */
+static struct bio_vec *vec_get(struct qcow2 *q, unsigned int max)
+{
+	if (max <= q->pool_vecs)
+		return qcow2_pool_get(&q->vec_pool);
+	return qcow2_kmalloc_array(max, sizeof(struct bio_vec), QCOW2_GFP_TRY);
+}
+
+static void vec_put(struct qcow2 *q, struct bio_vec *vec, unsigned int max)
+{
+	if (max <= q->pool_vecs)
+		qcow2_pool_put(&q->vec_pool, vec);
+	else
+		kfree(vec);
+}
+
+/*
  * Segments for @len bytes of fill at @off in the cluster: from the old
- * contents (read into a buffer: *@buf is set and must be freed when the
- * source is on disk), else zeros.
+ * contents (on disk: read into @scratch, which holds @len bytes), else
+ * zeros.
  */
 static int fill_segments(struct qcow2 *q, struct bio_vec *bv,
 			 unsigned int max, const struct qcow2_fill *fill,
-			 u32 off, u32 len, void **buf, unsigned int *nr)
+			 u32 off, u32 len, void *scratch, unsigned int *nr)
 {
 	unsigned int n = 0, chunk;
 	u64 src = fill->src ? fill->src + off : 0;
 	int r;
 
-	*buf = NULL;
 	if (!len)
 		return 0;
 	if (fill->buf) {
@@ -598,13 +634,10 @@ static int fill_segments(struct qcow2 *q, struct bio_vec *bv,
 		return 0;
 	}
 	if (src) {
-		*buf = kvmalloc(len, GFP_NOIO);
-		if (!*buf)
-			return -ENOMEM;
-		r = qcow2_io_read_data(&q->io, *buf, len, src);
+		r = qcow2_io_read_data(&q->io, scratch, len, src);
 		if (r)
 			return r;
-		*nr += qcow2_buf_to_bvec(bv + *nr, max - *nr, *buf, len);
+		*nr += qcow2_buf_to_bvec(bv + *nr, max - *nr, scratch, len);
 		return 0;
 	}
 	while (len && *nr + n < max) {
@@ -642,23 +675,37 @@ static void bio_range_segments(struct bio *bio, u32 skip, u32 len,
 	}
 }
 
+/* Segments of bytes [@skip, @skip + @len) of @bio's data (as above) */
+static unsigned int range_segments(struct bio *bio, u32 skip, u32 len)
+{
+	struct bvec_iter iter = bio->bi_iter, it;
+	struct bio_vec bv;
+	unsigned int n = 0;
+
+	bio_advance_iter(bio, &iter, skip);
+	iter.bi_size = len;
+	__bio_for_each_bvec(bv, bio, it, iter)
+		n++;
+	return n;
+}
+
 /*
- * @len bytes of the bio's data, from @skip bytes into it, written at
- * host offset @pos, synchronously.
+ * @len bytes of the bio's data (within one cluster), from @skip bytes
+ * into it, written at host offset @pos, synchronously.
  */
 static int write_bio_range(struct qcow2 *q, struct bio *bio, u32 skip,
 			   u32 len, u64 pos)
 {
-	unsigned int nr = 0;
+	unsigned int nr = 0, max = range_segments(bio, skip, len);
 	struct bio_vec *vec;
 	int r;
 
-	vec = kmalloc_array(bio_segments(bio), sizeof(*vec), GFP_NOIO);
+	vec = vec_get(q, max);
 	if (!vec)
 		return -ENOMEM;
 	bio_range_segments(bio, skip, len, vec, &nr);
 	r = qcow2_io_write_data(&q->io, vec, nr, len, pos);
-	kfree(vec);
+	vec_put(q, vec, max);
 	return r;
 }
 
@@ -705,15 +752,18 @@ static int write_gathered(struct qcow2 *q, struct bio **v, unsigned int n,
 	u32 cs = q->hdr.cluster_size, off;
 	unsigned int max, nr = 0, i;
 	struct bio_vec *vec;
-	void *unused;
 	int r = 0;
 
 	/* Zeros take a page a segment, plus a partial one per gap */
 	max = len / PAGE_SIZE + 2;
-	for (i = 0; i < n; i++)
-		if (bio_meets(v[i], vstart, vstart + len))
-			max += bio_segments(v[i]) + 1;
-	vec = kmalloc_array(max, sizeof(*vec), GFP_NOIO | __GFP_NOWARN);
+	for (i = 0; i < n; i++) {
+		if (!bio_meets(v[i], vstart, vstart + len))
+			continue;
+		s = max(bio_voff(v[i]), vstart);
+		e = min(bio_voff(v[i]) + v[i]->bi_iter.bi_size, vstart + len);
+		max += range_segments(v[i], s - bio_voff(v[i]), e - s) + 1;
+	}
+	vec = vec_get(q, max);
 	if (!vec && len > cs) {
 		/* A batch's run (4 MiB): cluster by cluster, smaller arrays */
 		for (off = 0; !r && off < len; off += cs)
@@ -749,18 +799,16 @@ static int write_gathered(struct qcow2 *q, struct bio **v, unsigned int n,
 		e = min(bio_voff(v[i]) + v[i]->bi_iter.bi_size, to);
 		if (!bio_meets(v[i], from, to))
 			continue;
-		r = fill_segments(q, vec, max, &zeros, 0, s - at, &unused,
-				  &nr);
+		r = fill_segments(q, vec, max, &zeros, 0, s - at, NULL, &nr);
 		bio_range_segments(v[i], s - bio_voff(v[i]), e - s, vec, &nr);
 		at = e;
 	}
 	if (!r && from < to)
-		r = fill_segments(q, vec, max, &zeros, 0, to - at, &unused,
-				  &nr);
+		r = fill_segments(q, vec, max, &zeros, 0, to - at, NULL, &nr);
 	if (!r && from < to)
 		r = qcow2_io_write_data(&q->io, vec, nr, to - from,
 					host + (from - vstart));
-	kfree(vec);
+	vec_put(q, vec, max);
 	return r;
 }
 
@@ -775,32 +823,38 @@ static int write_cluster(struct qcow2 *q, struct bio *bio, u64 host,
 	u32 head = qcow2_cluster_offset(&q->hdr, bio_voff(bio));
 	u32 tail = cs - head - bio->bi_iter.bi_size;
 	unsigned int max, nr = 0;
-	void *hbuf = NULL, *tbuf = NULL;
 	struct bvec_iter iter;
 	struct bio_vec bv, *vec;
+	u8 *scratch = NULL;
 	int r;
 
 	if (!fill->src && !fill->buf && (head || tail))
 		return write_gathered(q, &bio, 1, bio_voff(bio) - head, cs,
 				      host, mark);
 
+	/* The old data around the bio, read into one cluster buffer */
+	if (fill->src && (head || tail))
+		scratch = qcow2_pool_get(&q->buf_pool);
 	/* Each fill takes at most one segment per page, plus one */
 	max = 2 * (cs / PAGE_SIZE + 2) + bio_segments(bio);
-	vec = kmalloc_array(max, sizeof(*vec), GFP_NOIO);
-	if (!vec)
-		return -ENOMEM;
-	r = fill_segments(q, vec, max, fill, 0, head, &hbuf, &nr);
+	vec = vec_get(q, max);
+	if (!vec) {
+		r = -ENOMEM;
+		goto out;
+	}
+	r = fill_segments(q, vec, max, fill, 0, head, scratch, &nr);
 	if (r)
 		goto out;
 	bio_for_each_segment(bv, bio, iter)
 		vec[nr++] = bv;
-	r = fill_segments(q, vec, max, fill, cs - tail, tail, &tbuf, &nr);
+	r = fill_segments(q, vec, max, fill, cs - tail, tail,
+			  scratch ? scratch + head : NULL, &nr);
 	if (!r)
 		r = qcow2_io_write_data(&q->io, vec, nr, cs, host);
 out:
-	kvfree(hbuf);
-	kvfree(tbuf);
-	kfree(vec);
+	if (vec)
+		vec_put(q, vec, max);
+	qcow2_pool_put(&q->buf_pool, scratch);
 	return r;
 }
 
@@ -810,18 +864,17 @@ static int zero_in_place(struct qcow2 *q, u64 host, u32 len)
 	static const struct qcow2_fill zeros;
 	unsigned int max = DIV_ROUND_UP(len, PAGE_SIZE), nr = 0;
 	struct bio_vec *vec;
-	void *unused;
 	int r;
 
 	if (!qcow2_io_zero_range(&q->io, host, len, qcow2_io_written(&q->io)))
 		return 0;
-	vec = kmalloc_array(max, sizeof(*vec), GFP_NOIO);
+	vec = vec_get(q, max);
 	if (!vec)
 		return -ENOMEM;
-	r = fill_segments(q, vec, max, &zeros, 0, len, &unused, &nr);
+	r = fill_segments(q, vec, max, &zeros, 0, len, NULL, &nr);
 	if (!r)
 		r = qcow2_io_write_data(&q->io, vec, nr, len, host);
-	kfree(vec);
+	vec_put(q, vec, max);
 	return r;
 }
 
@@ -843,9 +896,8 @@ static int fill_from_buf(struct qcow2 *q, struct qcow2_lookup *lk, u64 voff,
 
 	if (whole)
 		return 0;
-	t->fill.buf = kvmalloc(q->hdr.cluster_size, GFP_NOIO);
-	if (!t->fill.buf)
-		return -ENOMEM;
+	/* Given back by write_allocating() */
+	t->fill.buf = qcow2_pool_get(&q->buf_pool);
 	if (lk->m.type == QCOW2_CLUSTER_COMPRESSED)
 		return qcow2_zip_read_buf(q, &lk->m, start, t->fill.buf,
 					  q->hdr.cluster_size);
@@ -927,13 +979,14 @@ static int write_sc_range(struct qcow2 *q, struct bio *bio,
 	struct bio_vec bv, *vec;
 	int r = -ENOMEM;
 
+	/* Head and tail in one cluster buffer, then the segments */
+	if (head || tail) {
+		hbuf = qcow2_pool_get(&q->buf_pool);
+		tbuf = hbuf + head;
+	}
 	max = (head + tail) / PAGE_SIZE + 4 + bio_segments(bio);
-	vec = kmalloc_array(max, sizeof(*vec), GFP_NOIO);
-	if (head)
-		hbuf = kvmalloc(head, GFP_NOIO);
-	if (tail)
-		tbuf = kvmalloc(tail, GFP_NOIO);
-	if (!vec || (head && !hbuf) || (tail && !tbuf))
+	vec = vec_get(q, max);
+	if (!vec)
 		goto out;
 	r = sc_view(q, m, cstart + w->ws, hbuf, head, exact);
 	if (!r)
@@ -947,9 +1000,9 @@ static int write_sc_range(struct qcow2 *q, struct bio *bio,
 	r = qcow2_io_write_data(&q->io, vec, nr, w->we - w->ws,
 				w->host + w->ws);
 out:
-	kvfree(hbuf);
-	kvfree(tbuf);
-	kfree(vec);
+	if (vec)
+		vec_put(q, vec, max);
+	qcow2_pool_put(&q->buf_pool, hbuf);
 	return r;
 }
 
@@ -1155,7 +1208,7 @@ static unsigned int gather_parked(struct qcow2 *q, struct qcow2_bio *holder,
 	n = take_gatherable(q, holder, bio, &cand);
 	if (!n)
 		return 1;
-	v = kmalloc_array(n + 1, sizeof(*v), GFP_NOIO | __GFP_NOWARN);
+	v = qcow2_kmalloc_array(n + 1, sizeof(*v), QCOW2_GFP_TRY);
 	if (!v) {
 		park_again(q, holder, &cand);
 		return 1;
@@ -1240,7 +1293,7 @@ static int write_allocating(struct qcow2 *q, struct bio *bio,
 	if (!r)
 		r = qcow2_set_l2_entry(q, lk->l2_off, voff,
 				       t.host | QCOW2_OFLAG_COPIED, U32_MAX);
-	kvfree(t.fill.buf);
+	qcow2_pool_put(&q->buf_pool, t.fill.buf);
 	if (r && t.allocated)
 		qcow2_refcount_update(q, t.host, -1);
 	if (!r && t.old && t.old != t.host)
@@ -1352,9 +1405,7 @@ static int write_fresh(struct qcow2 *q, struct bio **v, unsigned int n,
 	r = qcow2_l2_for_write(q, start, &l2_off);
 	if (r)
 		return r;
-	host = kmalloc_array(nr, sizeof(*host), GFP_NOIO);
-	if (!host)
-		return -ENOMEM;
+	host = qcow2_pool_get(&q->host_pool);
 	r = qcow2_alloc_clusters(q, nr, host, &mark);
 	if (r)
 		goto out;
@@ -1369,7 +1420,7 @@ static int write_fresh(struct qcow2 *q, struct bio **v, unsigned int n,
 	for (; r && done < nr; done++)
 		qcow2_refcount_update(q, host[done], -1);
 out:
-	kfree(host);
+	qcow2_pool_put(&q->host_pool, host);
 	return r;
 }
 
@@ -1496,7 +1547,7 @@ static struct bio **batch_bios(struct qcow2 *q, struct bio_list *held,
 		h = dm_per_bio_data(b, sizeof(*h));
 		*n += take_gatherable(q, h, b, &cand);
 	}
-	v = kmalloc_array(*n, sizeof(*v), GFP_NOIO | __GFP_NOWARN);
+	v = qcow2_kmalloc_array(*n, sizeof(*v), QCOW2_GFP_TRY);
 	if (!v) {
 		/* Any holder of the batch will do: they all let go at once */
 		park_again(q, head, &cand);
@@ -1778,22 +1829,19 @@ static int zero_cluster(struct qcow2 *q, u64 voff, bool unmap)
 	return r;
 }
 
-/* A bio of @len bytes of zeros at @voff, for the allocating write path. */
-static struct bio *zero_bio(u64 voff, u32 len)
+/*
+ * @bio: @len bytes (within a cluster) of zeros at @voff, for the
+ * allocating write path, over the shared segments of q->zero_vecs (the
+ * bio is only read from, never submitted).
+ */
+static void zero_bio_init(struct qcow2 *q, struct bio *bio, u64 voff, u32 len)
 {
 	unsigned short nr = DIV_ROUND_UP(len, PAGE_SIZE);
-	struct bio *bio = bio_kmalloc(nr, GFP_NOIO);
-	u32 n;
 
-	if (!bio)
-		return NULL;
-	bio_init(bio, NULL, bio->bi_inline_vecs, nr, REQ_OP_WRITE);
+	bio_init(bio, NULL, q->zero_vecs, nr, REQ_OP_WRITE);
+	bio->bi_vcnt = nr;
 	bio->bi_iter.bi_sector = voff >> SECTOR_SHIFT;
-	for (; len; len -= n) {
-		n = min_t(u32, len, PAGE_SIZE);
-		__bio_add_page(bio, ZERO_PAGE(0), n, 0);
-	}
-	return bio;
+	bio->bi_iter.bi_size = len;
 }
 
 /*
@@ -1804,7 +1852,7 @@ static struct bio *zero_bio(u64 voff, u32 len)
 static int zero_partial(struct qcow2 *q, u64 voff, u32 len)
 {
 	struct qcow2_lookup lk;
-	struct bio *bio;
+	struct bio bio;
 	int r;
 
 	r = map_lookup(q, voff, true, &lk);
@@ -1813,12 +1861,9 @@ static int zero_partial(struct qcow2 *q, u64 voff, u32 len)
 	if (writable_in_place(q, &lk, voff, len))
 		return zero_in_place(q, lk.m.host_offset +
 				     qcow2_cluster_offset(&q->hdr, voff), len);
-	bio = zero_bio(voff, len);
-	if (!bio)
-		return -ENOMEM;
-	r = write_allocating(q, bio, &lk, NULL);
-	bio_uninit(bio);
-	kfree(bio);
+	zero_bio_init(q, &bio, voff, len);
+	r = write_allocating(q, &bio, &lk, NULL);
+	bio_uninit(&bio);
 	return r;
 }
 
@@ -2232,6 +2277,59 @@ void qcow2_bio_end(struct qcow2 *q, struct bio *bio)
 		pb->in_srcu = false;
 		io_exit(q, pb);
 	}
+}
+
+/* ---- Setup ---- */
+
+/*
+ * Segments of one cluster's write, at most: a bio's segments in the
+ * cluster (each of 512 bytes or more), zeros a page a segment, and one
+ * partial page per gap between bios (write_gathered(), which gathers at
+ * most one bio per 512 bytes).
+ */
+static unsigned int cluster_vecs(u32 cs)
+{
+	return 2 * (cs >> SECTOR_SHIFT) + (cs >> PAGE_SHIFT) + 8;
+}
+
+/*
+ * The workers' reserves (see struct qcow2): what one write needs, so that
+ * it completes while memory is short (dm-qcow2-mem.c).
+ */
+int qcow2_map_init(struct qcow2 *q)
+{
+	u32 cs = q->hdr.cluster_size;
+	unsigned int i, n = DIV_ROUND_UP(cs, PAGE_SIZE);
+	int r;
+
+	q->pool_vecs = cluster_vecs(cs);
+	r = qcow2_pool_init(&q->host_pool, 2, sizeof(u64) << QCOW2_GROUP_BITS);
+	if (!r)
+		r = qcow2_pool_init(&q->buf_pool, 1, cs);
+	if (!r)
+		r = qcow2_pool_init(&q->vec_pool, 2,
+				    q->pool_vecs * sizeof(struct bio_vec));
+	if (r)
+		return r;
+	q->zero_vecs = kvmalloc_array(n, sizeof(*q->zero_vecs), GFP_KERNEL);
+	if (!q->zero_vecs)
+		return -ENOMEM;
+	for (i = 0; i < n; i++) {
+		q->zero_vecs[i].bv_page = ZERO_PAGE(0);
+		q->zero_vecs[i].bv_len = PAGE_SIZE;
+		q->zero_vecs[i].bv_offset = 0;
+	}
+	return 0;
+}
+
+/* Also after a failed qcow2_map_init(), or none */
+void qcow2_map_exit(struct qcow2 *q)
+{
+	kvfree(q->zero_vecs);
+	q->zero_vecs = NULL;
+	qcow2_pool_exit(&q->vec_pool);
+	qcow2_pool_exit(&q->buf_pool);
+	qcow2_pool_exit(&q->host_pool);
 }
 
 /* ---- Test hooks ---- */

@@ -38,6 +38,9 @@
 #define QCOW2_MAX_SLICE_SIZE	4096U
 #define QCOW2_DEFAULT_CACHE	(4ULL << 20)
 
+/* Records of frees kept in reserve (qcow2_defer_free()) */
+#define QCOW2_FREE_RESERVE	256
+
 struct qcow2_free {
 	struct list_head list;
 	u64 host;			/* first cluster */
@@ -299,17 +302,15 @@ static int write_table_block(struct qcow2 *q, const u64 *table, u64 idx,
 {
 	unsigned int per_block = q->meta_block / sizeof(u64), i;
 	u64 first = round_down(idx, per_block);
-	__be64 *buf;
+	__be64 *buf = q->table_buf;
 	int r;
 
-	buf = kmalloc(q->meta_block, GFP_NOIO);
-	if (!buf)
-		return -ENOMEM;
+	mutex_lock(&q->table_buf_lock);
 	for (i = 0; i < per_block; i++)
 		buf[i] = cpu_to_be64(first + i == idx ? val : table[first + i]);
 	r = qcow2_io_write_meta(&q->io, buf, q->meta_block,
 				table_off + first * sizeof(u64));
-	kfree(buf);
+	mutex_unlock(&q->table_buf_lock);
 	return r;
 }
 
@@ -462,13 +463,28 @@ int qcow2_refcount_update(struct qcow2 *q, u64 host, int delta)
  * Queue a refcount decrease until the next qcow2_sync() has written the
  * L2 change that dropped the reference.
  */
+static void kick_writeback(void *owner);
+
 void qcow2_defer_free(struct qcow2 *q, u64 host, u64 len)
 {
-	struct qcow2_free *f = kmalloc(sizeof(*f), GFP_NOIO);
+	struct qcow2_free *f = NULL;
 	u64 mask = q->hdr.cluster_size - 1;
 
-	if (!f)
-		return;		/* the cluster leaks: allowed, never unsafe */
+	/*
+	 * From the allocator without waiting, else the reserve (the next
+	 * writeback gives records back), else the cluster leaks: allowed,
+	 * never unsafe, and never waited for (a guest that does not flush
+	 * would keep the records until it does).
+	 */
+	f = qcow2_pool_try(&q->free_pool);
+	/* Running low: a writeback (and its grace period) gives some back */
+	if (READ_ONCE(q->free_pool.pool.curr_nr) < QCOW2_FREE_RESERVE / 2)
+		kick_writeback(q);
+	if (!f) {
+		DMERR_LIMIT("%s: no memory to free the cluster at %llu: leaked",
+			    devname(q), host);
+		return;
+	}
 	f->host = host & ~mask;
 	f->count = ((host & mask) + len + mask) >> q->hdr.cluster_bits;
 	spin_lock(&q->lock);
@@ -491,7 +507,7 @@ static void apply_frees(struct qcow2 *q, struct list_head *frees)
 					    devname(q), host);
 		}
 		list_del(&f->list);
-		kfree(f);
+		qcow2_pool_put(&q->free_pool, f);
 	}
 }
 
@@ -774,14 +790,26 @@ static bool cluster_fits(struct qcow2 *q, u64 cluster, u64 count)
 	return !q->io.dev || end <= q->io.size;
 }
 
-/* A zeroed cluster buffer, optionally with refcounts set to one. */
+/*
+ * The cluster buffer of allocations (q->alloc_buf, made with the table),
+ * zeroed: for one new table at a time, under alloc_lock.
+ */
+static void *alloc_buf_zeroed(struct qcow2 *q)
+{
+	lockdep_assert_held(&q->alloc_lock);
+	memset(q->alloc_buf, 0, q->hdr.cluster_size);
+	return q->alloc_buf;
+}
+
+/*
+ * A zeroed cluster buffer with the refcounts of the block at @first set
+ * to one for clusters [@start, @start + @count): alloc_buf_zeroed().
+ */
 static void *new_refblock(struct qcow2 *q, u64 first, u64 start, u64 count)
 {
 	u64 c, per = clusters_per_block(q);
-	void *buf = kvzalloc(q->hdr.cluster_size, GFP_NOIO);
+	void *buf = alloc_buf_zeroed(q);
 
-	if (!buf)
-		return NULL;
 	for (c = start; c < start + count; c++)
 		if (c >= first && c < first + per)
 			qcow2_refcount_set(buf, c - first,
@@ -834,10 +862,7 @@ static int add_refblock(struct qcow2 *q, u64 cluster)
 	if (overlaps_metadata(q, off, q->hdr.cluster_size))
 		return qcow2_corrupt(q, 0, "metadata cluster has no refcount block");
 	buf = new_refblock(q, first, cluster, 1);
-	if (!buf)
-		return -ENOMEM;
 	r = qcow2_io_write_meta(&q->io, buf, q->hdr.cluster_size, off);
-	kvfree(buf);
 	if (r)
 		return r;
 	set_table_entry(q, &q->rt_dirty, q->reftable, rt, off);
@@ -868,11 +893,8 @@ static int write_refblocks(struct qcow2 *q, u64 start, u64 nb, u64 total)
 	for (i = 0; i < nb && !r; i++) {
 		first = ((start >> bits) + i) << bits;
 		buf = new_refblock(q, first, start, total);
-		if (!buf)
-			return -ENOMEM;
 		r = qcow2_io_write_meta(&q->io, buf, q->hdr.cluster_size,
 					(start + i) << q->hdr.cluster_bits);
-		kvfree(buf);
 	}
 	return r;
 }
@@ -1138,16 +1160,13 @@ int qcow2_alloc_cluster(struct qcow2 *q, u64 *host)
 static int write_new_l2(struct qcow2 *q, u64 old_off, u64 new_off)
 {
 	u32 size = q->hdr.cluster_size;
-	void *buf = kvzalloc(size, GFP_NOIO);
+	void *buf = alloc_buf_zeroed(q);
 	int r = 0;
 
-	if (!buf)
-		return -ENOMEM;
 	if (old_off)
 		r = qcow2_io_read_meta(&q->io, buf, size, old_off);
 	if (!r)
 		r = qcow2_io_write_meta(&q->io, buf, size, new_off);
-	kvfree(buf);
 	return r;
 }
 
@@ -1673,6 +1692,7 @@ static void init_state(struct qcow2 *q)
 
 	mutex_init(&q->alloc_lock);
 	mutex_init(&q->sync_lock);
+	mutex_init(&q->table_buf_lock);
 	init_rwsem(&q->meta_sem);
 	spin_lock_init(&q->lock);
 	for (i = 0; i < ARRAY_SIZE(q->inflight); i++)
@@ -2011,6 +2031,25 @@ int qcow2_reload_image(struct qcow2 *q)
 }
 
 /*
+ * What allocating clusters and writing tables back need, made with the
+ * table: the records of frees waiting for a writeback (the reserve is
+ * what a writeback gives back), a cluster for new tables (alloc_lock)
+ * and a block for in-place table writes (table_buf_lock).
+ */
+static int init_reserves(struct qcow2 *q)
+{
+	int r;
+
+	r = qcow2_pool_init(&q->free_pool, QCOW2_FREE_RESERVE,
+			    sizeof(struct qcow2_free));
+	if (r)
+		return r;
+	q->alloc_buf = kvmalloc(q->hdr.cluster_size, GFP_KERNEL);
+	q->table_buf = kmalloc(q->meta_block, GFP_KERNEL);
+	return q->alloc_buf && q->table_buf ? 0 : -ENOMEM;
+}
+
+/*
  * Read and validate everything needed to serve the image. On failure
  * *err says why, for ti->error; the caller unwinds with
  * qcow2_close_image(). Nothing is written before every check passed.
@@ -2026,6 +2065,10 @@ int qcow2_open_image(struct qcow2 *q, const char **err)
 	r = init_cache(q);
 	if (!r)
 		r = alloc_workqueues(q);
+	if (!r)
+		r = qcow2_zip_setup(q);
+	if (!r && q->writable)
+		r = init_reserves(q);
 	if (r) {
 		*err = "Cannot allocate memory";
 		return r;
@@ -2087,7 +2130,7 @@ static int open_layer(struct qcow2 *cur, struct qcow2 *b, const char *path,
 		return 0;
 	}
 	r = load_metadata(b, err);
-	if (!r && init_cache(b)) {
+	if (!r && (init_cache(b) || qcow2_zip_setup(b))) {
 		*err = "Cannot allocate memory";
 		r = -ENOMEM;
 	}
@@ -2211,7 +2254,12 @@ void qcow2_close_image(struct qcow2 *q)
 	xa_destroy(&q->meta);
 	list_splice_init(&q->frees_ready, &q->frees);
 	list_for_each_entry_safe(f, tmp, &q->frees, list)
-		kfree(f);
+		qcow2_pool_put(&q->free_pool, f);
+	qcow2_pool_exit(&q->free_pool);
+	kvfree(q->alloc_buf);
+	kfree(q->table_buf);
+	q->alloc_buf = NULL;
+	q->table_buf = NULL;
 	kvfree(q->reftable);
 	kvfree(q->l1);
 	kfree(q->hdr_block);

@@ -250,6 +250,11 @@ static int qcow2_ctr(struct dm_target *ti, unsigned int argc, char **argv)
 		ti->error = (char *)err;
 		goto bad_image;
 	}
+	r = qcow2_map_init(q);
+	if (r) {
+		ti->error = "Cannot allocate memory";
+		goto bad_image;
+	}
 	r = check_length(ti, q);
 	if (r)
 		goto bad_image;
@@ -277,6 +282,7 @@ static int qcow2_ctr(struct dm_target *ti, unsigned int argc, char **argv)
 
 bad_image:
 	qcow2_close_image(q);
+	qcow2_map_exit(q);
 	qcow2_io_close(ti, &q->io);
 bad_alloc:
 	qcow2_free(q);
@@ -291,6 +297,7 @@ static void qcow2_dtr(struct dm_target *ti)
 		DMERR("%s: metadata could not be written back",
 		      dm_table_device_name(ti->table));
 	qcow2_close_image(q);
+	qcow2_map_exit(q);
 	qcow2_io_close(ti, &q->io);
 	qcow2_free(q);
 }
@@ -483,16 +490,22 @@ static struct target_type qcow2_target = {
 
 static int __init dm_qcow2_init(void)
 {
-	int r = dm_register_target(&qcow2_target);
+	int r = qcow2_mem_init();
 
-	if (r < 0)
+	if (r)
+		return r;
+	r = dm_register_target(&qcow2_target);
+	if (r < 0) {
 		DMERR("register failed %d", r);
+		qcow2_mem_exit();
+	}
 	return r;
 }
 
 static void __exit dm_qcow2_exit(void)
 {
 	dm_unregister_target(&qcow2_target);
+	qcow2_mem_exit();
 }
 
 module_init(dm_qcow2_init);

@@ -11,8 +11,11 @@
  * compressed cluster in small pieces decompresses it once.
  *
  * All of it runs in the metadata workers, one at a time (zip->lock): the
- * buffers (and the zstd state) are per target and allocated on the first
- * compressed cluster met.
+ * buffers and the decompressor's state are per image and made with the
+ * table (qcow2_zip_setup()), so that a write into a compressed cluster
+ * needs no allocation while memory is short: about two clusters and
+ * 40 KiB (deflate) or the zstd state for a cluster-sized window, for
+ * each qcow2 image of the chain.
  */
 #include <linux/bio.h>
 #include <linux/sched/mm.h>
@@ -68,21 +71,23 @@ void qcow2_zip_forget(struct qcow2_zip *zip, u64 off, u64 len)
 	mutex_unlock(&zip->lock);
 }
 
-/* Called with zip->lock held. */
-static int zip_alloc(struct qcow2 *q)
+/*
+ * The buffers and the decompressor's state, made with the table (the
+ * image's cluster size and compression type are known by then).
+ */
+int qcow2_zip_setup(struct qcow2 *q)
 {
 	struct qcow2_zip *zip = &q->zip;
 	size_t ws_size;
 
 	if (zip->ws)
 		return 0;
-	/* Deflate state comes with each call (zip_inflate()) */
-	ws_size = 1;
+	ws_size = zlib_inflate_workspacesize();
 	if (q->hdr.compression_type == QCOW2_COMPRESSION_ZSTD)
 		ws_size = zstd_dstream_workspace_bound(q->hdr.cluster_size);
-	zip->in = kvmalloc(zip_in_max(q), GFP_NOIO);
-	zip->out = kvmalloc(q->hdr.cluster_size, GFP_NOIO);
-	zip->ws = kvmalloc(ws_size, GFP_NOIO);
+	zip->in = kvmalloc(zip_in_max(q), GFP_KERNEL);
+	zip->out = kvmalloc(q->hdr.cluster_size, GFP_KERNEL);
+	zip->ws = kvmalloc(ws_size, GFP_KERNEL);
 	if (zip->in && zip->out && zip->ws) {
 		zip->ws_size = ws_size;
 		return 0;
@@ -94,20 +99,24 @@ static int zip_alloc(struct qcow2 *q)
 /*
  * One raw deflate stream (no zlib header), which must end (it may end
  * before the input does: the length is rounded up to sectors) with the
- * cluster whole. zlib_inflate_blob() allocates its own state: keep that
- * allocation from recursing into I/O.
+ * cluster whole.
  */
 static int zip_inflate(struct qcow2_zip *zip, size_t in_len, u32 out_len)
 {
-	unsigned int noio = memalloc_noio_save();
+	struct z_stream_s strm = {
+		.workspace = zip->ws,
+		.next_in = zip->in + zip->in_off,
+		.avail_in = in_len,
+		.next_out = zip->out,
+		.avail_out = out_len,
+	};
 	int r;
 
-	r = zlib_inflate_blob(zip->out, out_len, zip->in + zip->in_off,
-			      in_len);
-	memalloc_noio_restore(noio);
-	if (r == -ENOMEM)
-		return r;
-	return r == out_len ? 0 : -EIO;
+	if (zlib_inflateInit2(&strm, -MAX_WBITS) != Z_OK)
+		return -EIO;
+	r = zlib_inflate(&strm, Z_FINISH);
+	zlib_inflateEnd(&strm);
+	return r == Z_STREAM_END && !strm.avail_out ? 0 : -EIO;
 }
 
 /* One zstd frame, window at most a cluster (QEMU's frames are smaller). */
@@ -164,9 +173,8 @@ static int zip_load(struct qcow2 *q, const struct qcow2_l2_map *m, u64 voff)
 
 	if (zip->out_key == m->host_offset + 1)
 		return 0;
-	r = zip_alloc(q);
-	if (r)
-		return r;
+	if (WARN_ON_ONCE(!zip->ws))
+		return -ENOMEM;
 	zip->out_key = 0;
 	r = zip_read(q, m, &len);
 	if (r)

@@ -15,8 +15,10 @@
 #include <linux/device-mapper.h>
 #include <linux/fs.h>
 #include <linux/list.h>
+#include <linux/mempool.h>
 #include <linux/mutex.h>
 #include <linux/rwsem.h>
+#include <linux/shrinker.h>
 #include <linux/spinlock.h>
 #include <linux/srcu.h>
 #include <linux/wait.h>
@@ -36,8 +38,34 @@
 #define QCOW2_MODE_READ		FMODE_READ
 #endif
 
+/* 6.7: shrinkers are allocated by the shrinker core */
+#ifdef SHRINKER_ALLOCATED
+#define QCOW2_SHRINKER_ALLOC
+#endif
+
 /* Backing images a table may name */
 #define QCOW2_MAX_CHAIN		8
+
+/* ---- Memory for the I/O paths (dm-qcow2-mem.c) ---- */
+
+/* Optional memory: the caller has a slower way when it fails */
+#define QCOW2_GFP_TRY	(GFP_NOIO | __GFP_NORETRY | __GFP_NOWARN)
+
+struct qcow2_pool {
+	mempool_t pool;
+	size_t size;			/* bytes of an element */
+};
+
+int qcow2_mem_init(void);
+void qcow2_mem_exit(void);
+bool qcow2_alloc_fails(size_t size);
+void *qcow2_kvmalloc(size_t size, gfp_t gfp);
+void *qcow2_kmalloc_array(size_t n, size_t size, gfp_t gfp);
+int qcow2_pool_init(struct qcow2_pool *p, unsigned int min_nr, size_t size);
+void qcow2_pool_exit(struct qcow2_pool *p);
+void *qcow2_pool_get(struct qcow2_pool *p);
+void *qcow2_pool_try(struct qcow2_pool *p);
+void qcow2_pool_put(struct qcow2_pool *p, void *element);
 
 /* ---- I/O backend (dm-qcow2-io.c) ---- */
 
@@ -53,6 +81,7 @@ struct qcow2_io {
 	 */
 	u64 written;
 	struct mutex grow_lock;		/* a file: changes of its size */
+	struct bio_set bs;		/* a block device: our own bios */
 
 	/*
 	 * Metadata writes completed, and how many of them the last
@@ -97,6 +126,8 @@ const void *qcow2_io_key(struct qcow2_io *io);
 unsigned int qcow2_buf_to_bvec(struct bio_vec *bv, unsigned int max,
 			       void *buf, size_t len);
 void qcow2_bio_copy_from_buf(struct bio *bio, const void *src);
+void qcow2_bio_copy_range(struct bio *bio, u32 skip, const void *src,
+			  u32 len);
 void qcow2_io_file_queue(struct qcow2_io *io, struct bio *bio, u64 pos,
 			 bool in_worker);
 void qcow2_io_bdev_remap(struct qcow2_io *io, struct bio *bio, u64 pos);
@@ -131,6 +162,16 @@ struct qcow2_cache {
 	unsigned long max_slices;
 	unsigned long nr_dirty;
 	bool stuck;			/* writeback failed: never wait for it */
+	/*
+	 * Slices for loads when the allocator has none: QCOW2_CACHE_SPARE
+	 * made with the cache, refilled first by every slice freed.
+	 */
+	struct list_head spare;
+	unsigned int nr_spare;
+	struct shrinker *shrinker;	/* gives clean slices back */
+#ifndef QCOW2_SHRINKER_ALLOC
+	struct shrinker shrinker_s;
+#endif
 	unsigned int slice_size;
 	u64 hits, misses, evictions;
 	struct qcow2_io *io;
@@ -139,6 +180,7 @@ struct qcow2_cache {
 };
 
 #define QCOW2_CACHE_MIN_SLICES	64
+#define QCOW2_CACHE_SPARE	16
 
 int qcow2_cache_init(struct qcow2_cache *c, struct qcow2_io *io,
 		     unsigned int slice_size, u64 bytes);
@@ -250,6 +292,21 @@ struct qcow2 {
 	struct hlist_head inflight[64];	/* clusters being allocated */
 	wait_queue_head_t inflight_wait;
 	struct list_head frees;		/* refcount decreases waiting for L2 */
+	struct qcow2_pool free_pool;	/* their records (writable) */
+	void *alloc_buf;		/* a cluster: new tables, alloc_lock */
+	void *table_buf;		/* a meta_block: write_table_block() */
+	struct mutex table_buf_lock;
+
+	/*
+	 * Reserves of the workers (dm-qcow2-map.c, qcow2_map_init()). One
+	 * caller holds at most one element of each, taken in this order:
+	 * host_pool, buf_pool, vec_pool.
+	 */
+	struct qcow2_pool host_pool;	/* host offsets of a group's clusters */
+	struct qcow2_pool buf_pool;	/* a cluster of data */
+	struct qcow2_pool vec_pool;	/* segments of a cluster's write */
+	unsigned int pool_vecs;		/* entries of a vec_pool element */
+	struct bio_vec *zero_vecs;	/* a cluster of ZERO_PAGE, read-only */
 
 	/*
 	 * Every read, write and write-zeroes bio is a reader of @io_srcu
@@ -350,6 +407,7 @@ int qcow2_deactivate(struct qcow2 *q);
 
 /* dm-qcow2-zip.c */
 void qcow2_zip_init(struct qcow2_zip *zip);
+int qcow2_zip_setup(struct qcow2 *q);
 void qcow2_zip_exit(struct qcow2_zip *zip);
 void qcow2_zip_invalidate(struct qcow2_zip *zip);
 void qcow2_zip_forget(struct qcow2_zip *zip, u64 off, u64 len);
@@ -359,6 +417,8 @@ int qcow2_zip_read_buf(struct qcow2 *q, const struct qcow2_l2_map *m,
 		       u64 voff, void *dst, u32 len);
 
 /* dm-qcow2-map.c */
+int qcow2_map_init(struct qcow2 *q);
+void qcow2_map_exit(struct qcow2 *q);
 int qcow2_map_bio(struct qcow2 *q, struct bio *bio);
 void qcow2_bio_end(struct qcow2 *q, struct bio *bio);
 int qcow2_test_message(struct qcow2 *q, unsigned int argc, char **argv);
