@@ -24,9 +24,9 @@
  * Fault injection: with CONFIG_FAULT_INJECTION_DEBUG_FS, the directory
  * fail_dm_qcow2 in debugfs is a fault_attr (probability, interval, times,
  * space, verbose: see Documentation/fault-injection/) that fails the
- * target's own allocations in its I/O paths (those through this file),
- * the way failslab fails kmalloc: a test shows that the reserves keep
- * every write going.
+ * target's own allocations in its I/O paths (those through this file and
+ * the slice cache's, made without __GFP_IO), the way failslab fails
+ * kmalloc: a test shows that the reserves keep every write going.
  */
 #include <linux/debugfs.h>
 #include <linux/gfp.h>
@@ -41,10 +41,14 @@
 static DECLARE_FAULT_ATTR(fail_alloc);
 static struct dentry *fail_dir;
 
-/* Must an allocation of @size bytes in an I/O path fail (a test asks)? */
-bool qcow2_alloc_fails(size_t size)
+/*
+ * Must an allocation of @size bytes fail (a test asks)? Only those of the
+ * I/O paths, which never allow I/O (@gfp without __GFP_IO): not the
+ * table's construction (GFP_KERNEL).
+ */
+bool qcow2_alloc_fails(size_t size, gfp_t gfp)
 {
-	return should_fail(&fail_alloc, size);
+	return !(gfp & __GFP_IO) && should_fail(&fail_alloc, size);
 }
 
 int qcow2_mem_init(void)
@@ -62,7 +66,7 @@ void qcow2_mem_exit(void)
 	debugfs_remove_recursive(fail_dir);
 }
 #else
-bool qcow2_alloc_fails(size_t size)
+bool qcow2_alloc_fails(size_t size, gfp_t gfp)
 {
 	return false;
 }
@@ -83,14 +87,14 @@ void qcow2_mem_exit(void)
  */
 void *qcow2_kvmalloc(size_t size, gfp_t gfp)
 {
-	if (qcow2_alloc_fails(size))
+	if (qcow2_alloc_fails(size, gfp))
 		return NULL;
 	return kvmalloc(size, gfp);
 }
 
 void *qcow2_kmalloc_array(size_t n, size_t size, gfp_t gfp)
 {
-	if (qcow2_alloc_fails(n * size))
+	if (qcow2_alloc_fails(n * size, gfp))
 		return NULL;
 	return kmalloc_array(n, size, gfp);
 }

@@ -58,7 +58,7 @@ struct qcow2_pool {
 
 int qcow2_mem_init(void);
 void qcow2_mem_exit(void);
-bool qcow2_alloc_fails(size_t size);
+bool qcow2_alloc_fails(size_t size, gfp_t gfp);
 void *qcow2_kvmalloc(size_t size, gfp_t gfp);
 void *qcow2_kmalloc_array(size_t n, size_t size, gfp_t gfp);
 int qcow2_pool_init(struct qcow2_pool *p, unsigned int min_nr, size_t size);
@@ -363,6 +363,7 @@ struct qcow2 {
 
 #define QCOW2_F_CORRUPT		0	/* corruption seen, event raised */
 #define QCOW2_F_META_ERROR	1	/* a metadata write failed */
+#define QCOW2_F_STALE		2	/* another table may write the image */
 
 /* Per-bio data */
 struct qcow2_bio {
