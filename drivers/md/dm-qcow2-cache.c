@@ -199,7 +199,7 @@ static struct qcow2_slice *slice_new(struct qcow2_cache *c, gfp_t gfp)
 {
 	struct qcow2_slice *s;
 
-	if (qcow2_alloc_fails(c->slice_size))
+	if (qcow2_alloc_fails(c->slice_size, gfp))
 		return NULL;
 	s = kzalloc(sizeof(*s), gfp);
 	if (!s)
@@ -287,7 +287,7 @@ static struct qcow2_slice *cache_load(struct qcow2_cache *c,
 static struct qcow2_slice *cache_get(struct qcow2_cache *c, u64 key)
 {
 	struct qcow2_slice *s, *fresh = NULL;
-	bool reserved, kick, no_mem = false;
+	bool reserved, kick, stuck, no_mem = false;
 
 	for (;;) {
 		spin_lock(&c->lock);
@@ -312,7 +312,11 @@ static struct qcow2_slice *cache_get(struct qcow2_cache *c, u64 key)
 				/* No memory: as if full, until a spare comes */
 				spin_lock(&c->lock);
 				c->nr_slices--;
+				stuck = c->stuck;
 				spin_unlock(&c->lock);
+				/* Writeback failed for good: nothing comes back */
+				if (stuck)
+					return ERR_PTR(-ENOMEM);
 				no_mem = true;
 			}
 		} else if (!fresh) {
