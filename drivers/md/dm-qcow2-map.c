@@ -52,6 +52,7 @@
 #include <linux/bio.h>
 #include <linux/blkdev.h>
 #include <linux/hash.h>
+#include <linux/sched/mm.h>
 #include <linux/slab.h>
 #include <linux/sort.h>
 #include <linux/vmalloc.h>
@@ -1936,12 +1937,8 @@ static void read_work(struct qcow2 *q, struct bio *bio)
 		map_complete(bio, read_buffered(q, bio, q, NULL));
 }
 
-static void map_work(struct work_struct *work)
+static void map_work_one(struct qcow2 *q, struct bio *bio)
 {
-	struct qcow2_bio *pb = container_of(work, struct qcow2_bio, work);
-	struct bio *bio = dm_bio_from_per_bio_data(pb, sizeof(*pb));
-	struct qcow2 *q = pb->q;
-
 	if (bio->bi_opf & REQ_PREFLUSH && !bio_sectors(bio)) {
 		map_complete(bio, qcow2_sync(q));
 		return;
@@ -1959,6 +1956,20 @@ static void map_work(struct work_struct *work)
 		return;
 	}
 	read_work(q, bio);
+}
+
+/*
+ * A worker serves bios of this device: whatever it allocates, and the
+ * file system below it, must not wait for writes to the device (swap on
+ * it, a file system's writeback).
+ */
+static void map_work(struct work_struct *work)
+{
+	struct qcow2_bio *pb = container_of(work, struct qcow2_bio, work);
+	unsigned int noio = memalloc_noio_save();
+
+	map_work_one(pb->q, dm_bio_from_per_bio_data(pb, sizeof(*pb)));
+	memalloc_noio_restore(noio);
 }
 
 static int defer(struct qcow2 *q, struct bio *bio)
