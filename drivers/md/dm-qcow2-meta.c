@@ -656,14 +656,18 @@ static void grace_done(struct rcu_head *head)
 static void grace_work_fn(struct work_struct *work)
 {
 	struct qcow2 *q = container_of(work, struct qcow2, grace_work);
+	unsigned int noio;
 	LIST_HEAD(frees);
 
 	spin_lock(&q->lock);
 	list_splice_init(&q->frees_grace, &frees);
 	spin_unlock(&q->lock);
+	/* Refcount slices may load: see map_work() */
+	noio = memalloc_noio_save();
 	mutex_lock(&q->alloc_lock);
 	apply_frees(q, &frees);
 	mutex_unlock(&q->alloc_lock);
+	memalloc_noio_restore(noio);
 	spin_lock(&q->lock);
 	q->grace_pending = false;
 	grace_start_locked(q);
@@ -746,7 +750,10 @@ bool qcow2_meta_durable(struct qcow2 *q)
 
 static void sync_work_fn(struct work_struct *work)
 {
+	unsigned int noio = memalloc_noio_save();
+
 	qcow2_sync(container_of(work, struct qcow2, sync_work));
+	memalloc_noio_restore(noio);
 }
 
 static void kick_writeback(void *owner)
@@ -1337,17 +1344,33 @@ static int check_supported(struct qcow2 *q, const char **err)
 }
 
 /*
- * The images live writable tables serve, so that a table loaded for an
- * image while another table serves it (a reload: dmsetup load, then
- * resume) can tell the lazy-refcounts dirty bit that table set from one
- * a crash left.
+ * The images that tables serve, so that a table loaded for an image while
+ * another table serves it (a reload: dmsetup load, then resume) can tell
+ * the lazy-refcounts dirty bit that table set from one a crash left, and
+ * so that a table knows whether another may have written its image since
+ * it read it (QCOW2_F_STALE).
  */
 static LIST_HEAD(live_images);
 static DEFINE_MUTEX(live_lock);
 
+/*
+ * Join the list. Of two tables of one image, each must read the image
+ * again before it resumes if the other one may write it.
+ */
 static void live_add(struct qcow2 *q)
 {
+	const void *key = qcow2_io_key(&q->io);
+	struct qcow2 *o;
+
 	mutex_lock(&live_lock);
+	list_for_each_entry(o, &live_images, live) {
+		if (qcow2_io_key(&o->io) != key)
+			continue;
+		if (q->writable)
+			set_bit(QCOW2_F_STALE, &o->flags);
+		if (o->writable)
+			set_bit(QCOW2_F_STALE, &q->flags);
+	}
 	list_add(&q->live, &live_images);
 	mutex_unlock(&live_lock);
 }
@@ -1978,33 +2001,41 @@ out:
 
 /*
  * Before a resume: see load_metadata(). Our own dirty metadata was written
- * at suspend; cached slices may be stale if another table wrote, so they
- * go. The geometry must not have changed under us.
+ * at suspend. When another table of the image may have written it since
+ * (QCOW2_F_STALE, see live_add()), the tables are read again and cached
+ * slices go; the geometry must not have changed under us.
  */
 int qcow2_reload_image(struct qcow2 *q)
 {
 	struct qcow2_header old = q->hdr;
 	const char *err = NULL;
 	unsigned int noio;
-	int r;
+	bool stale;
+	int r = 0;
 
 	/*
 	 * The device is suspended: reclaim that writes to it (swap, a file
 	 * system's writeback) would wait for this resume. Every allocation
-	 * below is GFP_NOIO.
+	 * below is GFP_NOIO, and there are none unless another table may
+	 * have written the image since this one read it (a table reload):
+	 * a plain resume, or the first one after dmsetup create, reads
+	 * nothing and scans nothing.
 	 */
 	noio = memalloc_noio_save();
 	mutex_lock(&q->alloc_lock);
-	qcow2_io_resync(&q->io);
 	q->resumed = true;
-	r = load_metadata(q, &err);
+	stale = test_and_clear_bit(QCOW2_F_STALE, &q->flags);
+	if (stale) {
+		qcow2_io_resync(&q->io);
+		r = load_metadata(q, &err);
+	}
 	if (!r && (old.cluster_bits != q->hdr.cluster_bits ||
 		   old.size != q->hdr.size ||
 		   old.refcount_order != q->hdr.refcount_order)) {
 		err = "the image's geometry changed";
 		r = -EINVAL;
 	}
-	if (!r) {
+	if (!r && stale) {
 		qcow2_cache_invalidate(&q->cache);
 		qcow2_zip_invalidate(&q->zip);
 	}
@@ -2073,8 +2104,7 @@ int qcow2_open_image(struct qcow2 *q, const char **err)
 		*err = "Cannot allocate memory";
 		return r;
 	}
-	if (q->writable)
-		live_add(q);
+	live_add(q);
 	return 0;
 }
 
