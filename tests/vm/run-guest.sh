@@ -66,11 +66,35 @@ setup_modules() {
 	fi
 }
 
+# QCOW2_FAIL_ALLOC=PERCENT: every case runs with that share of the
+# target's own allocations in its I/O paths failing (the fail_dm_qcow2
+# fault_attr in debugfs: a kernel with CONFIG_FAULT_INJECTION_DEBUG_FS,
+# such as scripts/debug-kernel's); the case's log says how many failed.
+FAIL_ALLOC_TIMES=100000000
+fail_alloc_begin() {
+	local d=/sys/kernel/debug/fail_dm_qcow2
+	[ -n "${QCOW2_FAIL_ALLOC:-}" ] || return 0
+	mountpoint -q /sys/kernel/debug || mount -t debugfs none /sys/kernel/debug
+	modprobe dm-qcow2 || return 1
+	[ -d $d ] || { fail "no $d (CONFIG_FAULT_INJECTION_DEBUG_FS)"; return 1; }
+	echo 0 >$d/verbose && echo 0 >$d/space && echo 1 >$d/interval &&
+		echo $FAIL_ALLOC_TIMES >$d/times &&
+		echo "$QCOW2_FAIL_ALLOC" >$d/probability
+}
+
+fail_alloc_end() {
+	local d=/sys/kernel/debug/fail_dm_qcow2
+	[ -n "${QCOW2_FAIL_ALLOC:-}" ] && [ -d $d ] || return 0
+	echo 0 >$d/probability
+	echo "  fail_dm_qcow2: $((FAIL_ALLOC_TIMES - $(cat $d/times))) allocations failed"
+}
+
 run_case() {
 	local name=$1 fn=$2 mark start=$SECONDS
 	mark="dm-qcow2-test: begin $name $$-$RANDOM"
 	echo "$mark" >/dev/kmsg
 	echo "--- $name"
+	fail_alloc_begin || { record FAIL "$name"; return; }
 	if (cd "$SCRATCH" && "$fn"); then
 		if "$QCOW2_TOP/scripts/dmesg-check" --since "$mark"; then
 			record PASS "$name"
@@ -81,6 +105,7 @@ run_case() {
 		"$QCOW2_TOP/scripts/dmesg-check" --since "$mark" || true
 		record FAIL "$name"
 	fi
+	fail_alloc_end
 	cleanup_all
 	echo "$name $((SECONDS - start))" >>"$times"
 	echo "  $((SECONDS - start)) s"
