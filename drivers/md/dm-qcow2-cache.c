@@ -540,6 +540,54 @@ unsigned long qcow2_cache_nr_dirty(struct qcow2_cache *c)
 	return READ_ONCE(c->nr_dirty);
 }
 
+/* ---- Test hooks ---- */
+
+/*
+ * Pin every clean, unpinned slice, as loads and changes in flight would:
+ * a load that needs room waits (tests/vm/t-race.sh cache_waiter_dirty).
+ * Returns how many.
+ */
+unsigned int qcow2_cache_test_pin(struct qcow2_cache *c)
+{
+	struct qcow2_slice *s, *tmp;
+	unsigned int n = 0;
+
+	spin_lock(&c->lock);
+	list_for_each_entry_safe(s, tmp, &c->lru, lru) {
+		s->ref++;
+		list_move_tail(&s->lru, &c->test_pinned);
+		n++;
+	}
+	spin_unlock(&c->lock);
+	return n;
+}
+
+/*
+ * Let them go changed (dirty, their contents as they were), as changes
+ * that end while a load waits for room. The caller keeps writeback away
+ * meanwhile (meta_sem shared), as for any change.
+ */
+void qcow2_cache_test_unpin_dirty(struct qcow2_cache *c)
+{
+	struct qcow2_slice *s;
+	LIST_HEAD(pinned);
+
+	spin_lock(&c->lock);
+	list_splice_init(&c->test_pinned, &pinned);
+	spin_unlock(&c->lock);
+	while ((s = list_first_entry_or_null(&pinned, struct qcow2_slice,
+					     lru))) {
+		spin_lock(&c->lock);
+		list_del_init(&s->lru);
+		if (!test_and_set_bit(SLICE_DIRTY, &s->flags)) {
+			list_add_tail(&s->lru, &c->dirty);
+			c->nr_dirty++;
+		}
+		spin_unlock(&c->lock);
+		cache_put(c, s);
+	}
+}
+
 /* ---- Shrinker ---- */
 
 static struct qcow2_cache *shrinker_cache(struct shrinker *sh)
@@ -634,6 +682,7 @@ int qcow2_cache_init(struct qcow2_cache *c, struct qcow2_io *io,
 	INIT_LIST_HEAD(&c->lru);
 	INIT_LIST_HEAD(&c->dirty);
 	INIT_LIST_HEAD(&c->spare);
+	INIT_LIST_HEAD(&c->test_pinned);
 	init_waitqueue_head(&c->wait);
 	c->io = io;
 	c->slice_size = slice_size;
@@ -663,6 +712,7 @@ void qcow2_cache_exit(struct qcow2_cache *c)
 	/* All I/O has finished: every slice is unpinned, clean or not */
 	list_splice_init(&c->dirty, &c->lru);
 	list_splice_init(&c->spare, &c->lru);
+	list_splice_init(&c->test_pinned, &c->lru);
 	list_for_each_entry_safe(s, tmp, &c->lru, lru)
 		slice_release(s);
 	c->nr_spare = 0;

@@ -2392,7 +2392,8 @@ void qcow2_test_release(struct qcow2 *q)
 /*
  * test_hold <sector>: hold the next data bio mapped at that guest sector
  * (the kernel log says when it is held); test_release: send held bios
- * on. Only with the test_hooks module parameter set.
+ * on; test_pin_cache: pin every clean slice; test_unpin_cache_dirty:
+ * unpin them dirty. Only with the test_hooks module parameter set.
  */
 int qcow2_test_message(struct qcow2 *q, unsigned int argc, char **argv)
 {
@@ -2407,6 +2408,18 @@ int qcow2_test_message(struct qcow2 *q, unsigned int argc, char **argv)
 	}
 	if (argc == 1 && !strcasecmp(argv[0], "test_release")) {
 		qcow2_test_release(q);
+		return 0;
+	}
+	if (argc == 1 && !strcasecmp(argv[0], "test_pin_cache")) {
+		DMINFO("%s: test hook: %u slices pinned",
+		       dm_table_device_name(q->ti->table),
+		       qcow2_cache_test_pin(&q->cache));
+		return 0;
+	}
+	if (argc == 1 && !strcasecmp(argv[0], "test_unpin_cache_dirty")) {
+		down_read(&q->meta_sem);
+		qcow2_cache_test_unpin_dirty(&q->cache);
+		up_read(&q->meta_sem);
 		return 0;
 	}
 	return -EINVAL;

@@ -28,12 +28,13 @@
 
 /*
  * Test hooks: the test_hold and test_release messages, which hold a data
- * bio unsubmitted so that a test can change the image underneath it
- * (tests/vm/t-race.sh). Off unless set; never needed in production.
+ * bio unsubmitted so that a test can change the image underneath it, and
+ * test_pin_cache and test_unpin_cache_dirty, which hold the slice cache
+ * full (tests/vm/t-race.sh). Off unless set; never needed in production.
  */
 static bool test_hooks;
 module_param(test_hooks, bool, 0644);
-MODULE_PARM_DESC(test_hooks, "Accept the test_hold and test_release messages (tests only)");
+MODULE_PARM_DESC(test_hooks, "Accept the test_* messages (tests only)");
 
 static const char *mode_name(enum qcow2_mode mode)
 {

@@ -169,6 +169,7 @@ struct qcow2_cache {
 	struct list_head spare;
 	unsigned int nr_spare;
 	struct shrinker *shrinker;	/* gives clean slices back */
+	struct list_head test_pinned;	/* qcow2_cache_test_pin() */
 #ifndef QCOW2_SHRINKER_ALLOC
 	struct shrinker shrinker_s;
 #endif
@@ -200,6 +201,8 @@ void qcow2_cache_set_stuck(struct qcow2_cache *c);
 void qcow2_cache_forget(struct qcow2_cache *c, u64 off, u64 len);
 void qcow2_cache_get_stats(struct qcow2_cache *c,
 			   struct qcow2_cache_stats *st);
+unsigned int qcow2_cache_test_pin(struct qcow2_cache *c);
+void qcow2_cache_test_unpin_dirty(struct qcow2_cache *c);
 
 /* ---- Compressed clusters (dm-qcow2-zip.c) ---- */
 

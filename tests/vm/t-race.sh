@@ -13,6 +13,9 @@
 #                 blocks) and flushes together, a few rounds; after each,
 #                 qemu-img check, an untouched region, device == image
 #   cache_full_waiters  128 allocating writers on a 64-slice cache
+#   cache_waiter_dirty  deterministic: a load waits while every slice is
+#                 pinned (test_pin_cache), the slices come back dirty
+#                 (test_unpin_cache_dirty): the load must go on, no flush
 #
 # RACE_ROUNDS (or QCOW2_RACE_ROUNDS): stress rounds per case (default 2),
 # RACE_SECONDS: fio seconds a round (default 12).
@@ -251,4 +254,59 @@ test_cache_full_waiters() {
 	dm_remove cw || return 1
 	img_check "$RIMG" || return 1
 	cd .. && rm -rf cw
+}
+
+# A load that waits for room while every slice of a full cache is pinned
+# and clean must go on when the slices come back dirty, without a flush:
+# writeback is started then (before, the loader slept until the next
+# flush). 64 slices (cache_size 256k), 65 regions of 32 MiB (one 4 KiB
+# slice of L2 entries each) allocated by qemu; 64 of them read (their
+# slices cached), all pinned by the test hook; a read of the 65th waits;
+# the slices are released dirty; the read must end within 30 s.
+test_cache_waiter_dirty() {
+	local pid cmds=() r n
+	newdir cd || return 1
+	trap race_cleanup EXIT
+	race_image file cd 4096 cluster_size=64k || return 1
+	for r in $(seq 0 64); do
+		cmds+=(-c "write -P 0x$((r % 90 + 10)) $((r << 25)) 4k")
+	done
+	must qemu-io -f qcow2 "${cmds[@]}" "$RIMG" || return 1
+	wdev_create cd "$RIMG" || return 1
+	must dmsetup message cd 0 cache_size 256k || return 1
+	hooks 1 || fail "no test_hooks parameter" || return 1
+	for r in $(seq 0 63); do
+		must dd if="$WDEV" of=/dev/null bs=4k skip=$((r << 13)) count=1 \
+			iflag=direct status=none || return 1
+	done
+	must dmsetup message cd 0 test_pin_cache || return 1
+	n=$(dmesg | tail -n 5 | sed -n 's/.*test hook: \([0-9]*\) slices pinned.*/\1/p' |
+		tail -n 1)
+	log "pinned ${n:-?} slices"
+	[ "${n:-0}" -ge 64 ] || fail "test premise: the cache is not full" || {
+		must dmsetup message cd 0 test_unpin_cache_dirty
+		return 1
+	}
+	dd if="$WDEV" of=/dev/null bs=4k skip=$((64 << 13)) count=1 \
+		iflag=direct status=none &
+	pid=$!
+	sleep 2
+	if ! kill -0 $pid 2>/dev/null; then
+		must dmsetup message cd 0 test_unpin_cache_dirty
+		fail "test premise: the read did not wait for room"
+		return 1
+	fi
+	must dmsetup message cd 0 test_unpin_cache_dirty || return 1
+	if ! bg_wait_pid $pid 30; then
+		must fsync_path "$WDEV"
+		bg_wait_pid $pid 60
+		fail "the read waited for a flush with every slice dirty"
+		return 1
+	fi
+	hooks 0
+	qio -r -f raw -t none -c "read -P 0x$((64 % 90 + 10)) $((64 << 25)) 4k" \
+		"$WDEV" || return 1
+	wdev_remove cd || return 1
+	img_check "$RIMG" || return 1
+	cd .. && rm -rf cd
 }
