@@ -2000,10 +2000,30 @@ out:
 }
 
 /*
+ * Has the header block on disk changed since this table last read or wrote
+ * it (a program wrote the image while the device was suspended)? Read
+ * into the preallocated table_buf: nothing is allocated. A read-only table
+ * never writes: it does not look.
+ */
+static bool header_changed(struct qcow2 *q)
+{
+	bool changed = true;
+
+	if (!q->writable || !q->hdr_block)
+		return false;
+	mutex_lock(&q->table_buf_lock);
+	if (!qcow2_io_read_meta(&q->io, q->table_buf, q->meta_block, 0))
+		changed = memcmp(q->table_buf, q->hdr_block, q->meta_block);
+	mutex_unlock(&q->table_buf_lock);
+	return changed;
+}
+
+/*
  * Before a resume: see load_metadata(). Our own dirty metadata was written
  * at suspend. When another table of the image may have written it since
- * (QCOW2_F_STALE, see live_add()), the tables are read again and cached
- * slices go; the geometry must not have changed under us.
+ * (QCOW2_F_STALE, see live_add()), or its header block changed, the
+ * tables are read again and cached slices go; the geometry must not have
+ * changed under us.
  */
 int qcow2_reload_image(struct qcow2 *q)
 {
@@ -2017,14 +2037,16 @@ int qcow2_reload_image(struct qcow2 *q)
 	 * The device is suspended: reclaim that writes to it (swap, a file
 	 * system's writeback) would wait for this resume. Every allocation
 	 * below is GFP_NOIO, and there are none unless another table may
-	 * have written the image since this one read it (a table reload):
-	 * a plain resume, or the first one after dmsetup create, reads
-	 * nothing and scans nothing.
+	 * have written the image since this one read it (a table reload),
+	 * or its header changed: a plain resume, or the first one after
+	 * dmsetup create, reads the header block and nothing else.
 	 */
 	noio = memalloc_noio_save();
 	mutex_lock(&q->alloc_lock);
 	q->resumed = true;
 	stale = test_and_clear_bit(QCOW2_F_STALE, &q->flags);
+	if (!stale)
+		stale = header_changed(q);
 	if (stale) {
 		qcow2_io_resync(&q->io);
 		r = load_metadata(q, &err);
