@@ -9,28 +9,30 @@
 # guest keeps about one host core busy), and "boot-test" stands for
 # scripts/boot-test. Every guest starts without the module; the job
 # holding t-module.sh checks that it loads on demand and unloads.
-# t-pressure.sh gets a guest of its own (512 MiB, two raw disks: see
-# scripts/run-tests vm_args). SUITE_SPECS: the same specs as one list for
-# a single guest (autoload first, unload last, no t-pressure), as
-# scripts/debug-kernel runs it.
+# t-pressure.sh is not in the suite: it needs a guest of its own (512 MiB,
+# two raw disks: "scripts/run-tests t-pressure.sh" gives it one, see
+# vm_args there), and swap on dm-qcow2 stalled in 2 of 4 runs on a busy
+# host (see the admin guide). SUITE_SPECS: the same specs as one list for
+# a single guest (autoload first, unload last), as scripts/debug-kernel
+# runs it.
 # shellcheck disable=SC2034 # used by the scripts that source this
 # Seconds a job took in a fresh-clone run (two lanes, 1-vCPU guests):
 # t-write 1049, t-crash 884 (with its host check), t-feature 671, t-read
 # and t-refuse 667, t-fault 351, t-mutate 237, t-corrupt 231, t-users 205,
-# boot-test 87; t-race (added later) about 330 alone, t-pressure 300.
+# boot-test 87; t-race (added later) about 330 alone.
 SUITE_JOBS=(t-write.sh t-crash.sh
 	't-feature.sh:^test_([^s]|s[^c]|sc_[^c]|sc_c[^12]|sc_co)'
 	't-module.sh:autoload t-read.sh t-refuse.sh t-module.sh:unload'
 	't-users.sh t-race.sh' t-fault.sh t-mutate.sh
 	't-corrupt.sh:^test_[a-z0-9_]*[^p]$'
-	boot-test t-pressure.sh)
+	boot-test)
 
 SUITE_SPECS=(t-module.sh:autoload)
 for _job in "${SUITE_JOBS[@]}"; do
 	read -ra _specs <<<"$_job"
 	for _spec in "${_specs[@]}"; do
 		case $_spec in
-		boot-test | t-module.sh:* | t-pressure.sh) ;;
+		boot-test | t-module.sh:*) ;;
 		*) SUITE_SPECS+=("$_spec") ;;
 		esac
 	done

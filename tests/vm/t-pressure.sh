@@ -2,8 +2,8 @@
 # Memory pressure: writes through the device complete while memory is
 # short and the memory can only be freed by writing through the device.
 # Needs a small guest and two raw disks besides the scratch disk, as
-# scripts/run-tests gives it (512 MiB, /dev/vdb and /dev/vdc of 2 GiB;
-# "scripts/run-tests t-pressure.sh" runs it alone):
+# "scripts/run-tests t-pressure.sh" gives it (512 MiB, /dev/vdb and
+# /dev/vdc of 2 GiB; not part of the CI suite, see tests/vm/suite.sh):
 #
 #   swap_qcow2_bdev  swap on dm-qcow2 over an empty image on /dev/vdb
 #                    (every page swapped out allocates clusters), while
@@ -20,7 +20,8 @@
 #
 # The cases log their time: the report's ratio is qcow2 against linear.
 # PRESSURE_HOG_PCT (default 170): the process's size in percent of RAM.
-# PRESSURE_FS_MIB (default 384).
+# PRESSURE_FS_MIB (default 384), PRESSURE_TIMEOUT (seconds the process
+# may take, default 900: about ten times a run alone under TCG).
 
 # shellcheck source=tests/vm/t-write.sh
 . "$(dirname "${BASH_SOURCE[0]}")/t-write.sh"
@@ -30,6 +31,7 @@ done
 
 PRESSURE_HOG_PCT=${PRESSURE_HOG_PCT:-${QCOW2_PRESSURE_HOG_PCT:-170}}
 PRESSURE_FS_MIB=${PRESSURE_FS_MIB:-${QCOW2_PRESSURE_FS_MIB:-384}}
+PRESSURE_TIMEOUT=${PRESSURE_TIMEOUT:-${QCOW2_PRESSURE_TIMEOUT:-900}}
 PRESSURE_SWAP=/run/t-pressure-swap
 
 # hog MIB: allocate MIB MiB, each MiB filled with its own byte, then go
@@ -48,6 +50,30 @@ for rnd in range(2):
         b[:] = bytearray([(i + rnd + 1) % 251]) * len(b)
 print("hog: %d MiB checked twice" % mib)
 EOF
+}
+
+# hog_bounded MIB: hog, which must end within PRESSURE_TIMEOUT seconds;
+# if not, the blocked tasks go to the kernel log (sysrq w) and it fails.
+hog_bounded() {
+	local pid
+	hog "$1" >hog.out 2>&1 &
+	pid=$!
+	if ! bg_wait_timeout $pid "$PRESSURE_TIMEOUT"; then
+		echo w >/proc/sysrq-trigger
+		fail "the process did not end within $PRESSURE_TIMEOUT s (blocked tasks in the kernel log)"
+		return 1
+	fi
+	wait $pid || { cat hog.out >&2; fail "the process failed"; return 1; }
+}
+
+# bg_wait_timeout PID SECONDS: true once PID has ended, false after SECONDS.
+bg_wait_timeout() {
+	local n=$(($2 * 2))
+	while kill -0 "$1" 2>/dev/null; do
+		n=$((n - 1))
+		[ $n -gt 0 ] || return 1
+		sleep 0.5
+	done
 }
 
 # hog_mib: PRESSURE_HOG_PCT of the guest's RAM, in MiB.
@@ -107,7 +133,7 @@ swap_run() {
 	swap_on "$dev" || return 1
 	mib=$(hog_mib)
 	out=$(pswpout)
-	hog "$mib" >hog.out 2>&1 || { cat hog.out >&2; fail "the process failed"; return 1; }
+	hog_bounded "$mib" || return 1
 	log "$(cat hog.out), $((SECONDS - start)) s, $((($(pswpout) - out) / 256)) MiB swapped out"
 	swapoff "$dev" || fail "swapoff $dev" || return 1
 	sed -i "\|^$dev\$|d" "$PRESSURE_SWAP"
