@@ -275,6 +275,47 @@ static int io_bdev_rw(struct qcow2_io *io, blk_opf_t opf,
 	return io_bdev_finish(&b);
 }
 
+/*
+ * A range without data (REQ_OP_WRITE_ZEROES, REQ_OP_DISCARD) to the block
+ * device, in bios of at most @max sectors from the image's own bio_set,
+ * submitted as io_bdev_add() submits its own. Not blkdev_issue_zeroout()
+ * or blkdev_issue_discard(): they take their bios from fs_bio_set and
+ * hold one unsubmitted while they allocate the next, and the swap-out
+ * writes queued behind this worker hold fs_bio_set's reserve. Under
+ * memory pressure the worker then waited for them, and they for it.
+ */
+static int io_bdev_range(struct qcow2_io *io, blk_opf_t opf, u64 off,
+			 u64 len, unsigned int max)
+{
+	u64 sector = off >> SECTOR_SHIFT, left = len >> SECTOR_SHIFT;
+	struct io_bdev_batch b;
+	struct bio *bio;
+	unsigned int n;
+
+	io_bdev_start(&b, io, opf, off, 0);
+	while (left) {
+		n = min_t(u64, left, max);
+		bio = bio_alloc_bioset(io->dev->bdev, 0, opf, GFP_NOIO, &io->bs);
+		bio->bi_iter.bi_sector = sector;
+		bio->bi_iter.bi_size = n << SECTOR_SHIFT;
+		bio->bi_end_io = io_bdev_end;
+		bio->bi_private = &b;
+		b.bio = bio;
+		io_bdev_submit(&b);
+		sector += n;
+		left -= n;
+	}
+	return io_bdev_finish(&b);
+}
+
+/* Bios of a range: whole granules, each small enough for bi_size */
+static unsigned int io_range_max(unsigned int max, unsigned int granule)
+{
+	max = min_t(unsigned int, max, UINT_MAX >> SECTOR_SHIFT);
+	granule = max_t(unsigned int, granule >> SECTOR_SHIFT, 1);
+	return rounddown(max, granule);
+}
+
 static struct page *buf_page(void *addr)
 {
 	return is_vmalloc_addr(addr) ? vmalloc_to_page(addr) :
@@ -647,14 +688,18 @@ bool qcow2_io_meta_flushed(struct qcow2_io *io)
  */
 void qcow2_io_discard(struct qcow2_io *io, u64 off, u64 len)
 {
-	unsigned int noio = memalloc_noio_save();
+	unsigned int noio, max;
 
-	if (io->file)
-		vfs_fallocate(io->file, FALLOC_FL_PUNCH_HOLE |
-			      FALLOC_FL_KEEP_SIZE, off, len);
-	else if (bdev_max_discard_sectors(io->dev->bdev))
-		blkdev_issue_discard(io->dev->bdev, off >> SECTOR_SHIFT,
-				     len >> SECTOR_SHIFT, GFP_NOIO);
+	if (io->dev) {
+		max = io_range_max(bdev_max_discard_sectors(io->dev->bdev),
+				   bdev_discard_granularity(io->dev->bdev));
+		if (max)
+			io_bdev_range(io, REQ_OP_DISCARD, off, len, max);
+		return;
+	}
+	noio = memalloc_noio_save();
+	vfs_fallocate(io->file, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
+		      off, len);
 	memalloc_noio_restore(noio);
 }
 
@@ -697,15 +742,19 @@ int qcow2_io_zero_range(struct qcow2_io *io, u64 off, u64 len, u64 mark)
 		return -EOPNOTSUPP;
 	if (io->file && !io->dio)
 		return -EOPNOTSUPP;	/* page cache: keep it simple */
+	if (io->dev) {
+		r = io_bdev_range(io, REQ_OP_WRITE_ZEROES, off, len,
+				  io_range_max(bdev_write_zeroes_sectors(io->dev->bdev),
+					       SECTOR_SIZE));
+		/* A device that failed the command has dropped it */
+		if (r && !bdev_write_zeroes_sectors(io->dev->bdev))
+			r = -EOPNOTSUPP;
+		return r;
+	}
 	noio = memalloc_noio_save();
-	if (io->dev)
-		r = blkdev_issue_zeroout(io->dev->bdev, off >> SECTOR_SHIFT,
-					 len >> SECTOR_SHIFT, GFP_NOIO,
-					 BLKDEV_ZERO_NOFALLBACK);
-	else
-		r = vfs_fallocate(io->file, FALLOC_FL_ZERO_RANGE, off, len);
+	r = vfs_fallocate(io->file, FALLOC_FL_ZERO_RANGE, off, len);
 	memalloc_noio_restore(noio);
-	if (!r && io->file)
+	if (!r)
 		io_extend(io, off + len);
 	return r;
 }
