@@ -474,7 +474,7 @@ static void qcow2_io_hints(struct dm_target *ti, struct queue_limits *limits)
 
 static struct target_type qcow2_target = {
 	.name = "qcow2",
-	.version = {0, 2, 0},
+	.version = {DM_QCOW2_V_MAJOR, DM_QCOW2_V_MINOR, DM_QCOW2_V_PATCH},
 	.module = THIS_MODULE,
 	.ctr = qcow2_ctr,
 	.dtr = qcow2_dtr,
@@ -514,3 +514,4 @@ module_exit(dm_qcow2_exit);
 
 MODULE_DESCRIPTION(DM_NAME " target serving qcow2 images");
 MODULE_LICENSE("GPL");
+MODULE_VERSION(DM_QCOW2_VERSION);
