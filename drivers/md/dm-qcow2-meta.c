@@ -203,6 +203,14 @@ const char *qcow2_host_cluster_check(struct qcow2 *q, u64 off)
  * The load and the store are not one step: callers are the table load
  * (nothing else runs) and changes made under alloc_lock.
  */
+/*
+ * Marks made while writing (a new L2 table or refcount block) are made
+ * under memory pressure too, with the allocation lock held: dip into the
+ * atomic reserves, never loop in reclaim. A mark that still cannot be
+ * stored only weakens the check of data clusters against that one table.
+ */
+#define QCOW2_GFP_MARK	(GFP_NOIO | __GFP_HIGH | __GFP_NORETRY | __GFP_NOWARN)
+
 static int meta_mark(struct qcow2 *q, u64 off, unsigned long kind, gfp_t gfp)
 {
 	unsigned long idx = off >> q->hdr.cluster_bits;
@@ -874,7 +882,7 @@ static int add_refblock(struct qcow2 *q, u64 cluster)
 		return r;
 	set_table_entry(q, &q->rt_dirty, q->reftable, rt, off);
 	atomic64_inc(&q->allocated);
-	meta_mark(q, off, QCOW2_META_REFBLOCK, GFP_NOIO);
+	meta_mark(q, off, QCOW2_META_REFBLOCK, QCOW2_GFP_MARK);
 	return 0;
 }
 
@@ -997,7 +1005,7 @@ static int grow_reftable(struct qcow2 *q, u64 need_rt)
 	up_read(&q->meta_sem);
 	for (i = 0; i < nb; i++)
 		meta_mark(q, (start + i) << h->cluster_bits,
-			  QCOW2_META_REFBLOCK, GFP_NOIO);
+			  QCOW2_META_REFBLOCK, QCOW2_GFP_MARK);
 	q->free_cursor = start + nb + tc;
 	atomic64_add(nb + tc, &q->allocated);
 
@@ -1213,7 +1221,7 @@ int qcow2_l2_for_write(struct qcow2 *q, u64 voff, u64 *l2_off)
 	}
 	set_table_entry(q, &q->l1_dirty, q->l1, idx,
 			new_l2 | QCOW2_OFLAG_COPIED);
-	meta_mark(q, new_l2, QCOW2_META_L2, GFP_NOIO);
+	meta_mark(q, new_l2, QCOW2_META_L2, QCOW2_GFP_MARK);
 	/*
 	 * The old table stays the snapshot's. Our reference goes once the
 	 * new entry is on disk: before, the old entry there would point at
