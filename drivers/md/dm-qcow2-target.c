@@ -465,10 +465,18 @@ static void qcow2_io_hints(struct dm_target *ti, struct queue_limits *limits)
 	if (q->writable) {
 		/* Only whole clusters are dropped; keep each bio bounded */
 		limits->discard_granularity = q->hdr.cluster_size;
-		limits->max_discard_sectors =
+		/*
+		 * Since 6.10 the block layer derives max_discard_sectors from
+		 * max_hw_discard_sectors (and the user's bound) when the
+		 * limits are applied: the hardware value is what counts, and
+		 * nothing below a file image sets it. Before, it was copied.
+		 */
+		limits->max_hw_discard_sectors =
 			min_t(u64, UINT_MAX >> SECTOR_SHIFT,
 			      (u64)q->hdr.cluster_size << (10 - SECTOR_SHIFT));
-		limits->max_write_zeroes_sectors = limits->max_discard_sectors;
+		limits->max_discard_sectors = limits->max_hw_discard_sectors;
+		limits->max_write_zeroes_sectors =
+			limits->max_hw_discard_sectors;
 	}
 }
 
