@@ -11,7 +11,7 @@ if [ -b /dev/vda ]; then
 fi
 cd /tmp/demo
 modprobe dm-mod
-insmod "$top/drivers/md/dm-qcow2.ko"
+insmod "${QCOW2_KO:-$top/drivers/md/dm-qcow2.ko}"
 
 show qemu-img create -f qcow2 vm0.qcow2 1G
 show qemu-io -f qcow2 -c "write -P 0xab 0 4M" -c "write -P 0xcd 512M 1M" \
@@ -23,8 +23,10 @@ dmsetup mknodes vm0
 show lsblk /dev/mapper/vm0
 show dmsetup table vm0
 echo; echo "# first bytes at 0 and at 512 MiB, written by qemu-io"
-dd if=/dev/mapper/vm0 bs=16 count=1 iflag=direct 2>/dev/null | od -An -tx1
-dd if=/dev/mapper/vm0 bs=16 count=1 skip=$((512 * 1024 * 1024 / 16)) 2>/dev/null | od -An -tx1
+# direct I/O: whole logical blocks (512 bytes), then the first 16 shown
+dd if=/dev/mapper/vm0 bs=512 count=1 iflag=direct status=none | od -An -tx1 -N16
+dd if=/dev/mapper/vm0 bs=512 count=1 skip=$((512 * 1024 * 1024 / 512)) \
+	iflag=direct status=none | od -An -tx1 -N16
 show qemu-img compare -f raw -F qcow2 /dev/mapper/vm0 vm0.qcow2
 echo; echo "# a file system on the device"
 show mkfs.ext4 -q /dev/mapper/vm0
