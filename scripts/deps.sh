@@ -7,10 +7,14 @@ set -euo pipefail
 # Packages needed by the build and the VM test harness (scripts/vm-run).
 # qemu-system-x86 pulls seabios and ipxe-qemu as hard dependencies, so
 # --no-install-recommends is enough for booting with -kernel.
+# linux-image-6.12-amd64: Debian 12's second kernel, which CI builds for and
+# boots a core set of guest cases on (scripts/kver.sh, QCOW2_KVER=6.12).
+# debhelper, dh-dkms, lintian: the packages (debian/, scripts/pkg-check).
 PACKAGES="build-essential qemu-system-x86 qemu-utils linux-image-amd64
-linux-headers-amd64 busybox-static fio kmod cpio e2fsprogs xfsprogs lvm2
-dmsetup util-linux python3 sparse linux-source-6.1 gnuplot-nox dkms psmisc
-clang"
+linux-headers-amd64 linux-image-6.12-amd64 linux-headers-6.12-amd64
+busybox-static fio kmod cpio e2fsprogs xfsprogs lvm2 dmsetup util-linux
+python3 sparse linux-source-6.1 gnuplot-nox dkms psmisc clang debhelper
+dh-dkms lintian"
 
 missing=()
 for p in $PACKAGES "$@"; do
