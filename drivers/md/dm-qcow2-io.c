@@ -106,14 +106,22 @@ int qcow2_io_open(struct dm_target *ti, struct qcow2_io *io,
 	unsigned int major, minor;
 	dev_t devt;
 	char dummy;
+	int r;
 
 	memset(io, 0, sizeof(*io));
 	/* What wrote the image before us may not be durable yet */
 	atomic64_set(&io->meta_writes, 1);
 	if (!lookup_bdev(path, &devt) ||
 	    sscanf(path, "%u:%u%c", &major, &minor, &dummy) == 2)
-		return io_open_bdev(ti, io, path, writable);
-	return io_open_file(ti, io, path, writable);
+		r = io_open_bdev(ti, io, path, writable);
+	else
+		r = io_open_file(ti, io, path, writable);
+	if (r)
+		return r;
+	r = qcow2_io_claim(ti, io, writable);
+	if (r)
+		qcow2_io_close(ti, io);	/* nothing open, nothing listed */
+	return r;
 }
 
 /* What two tables on the same image have alike: its inode, or its device */
@@ -125,6 +133,7 @@ const void *qcow2_io_key(struct qcow2_io *io)
 
 void qcow2_io_close(struct dm_target *ti, struct qcow2_io *io)
 {
+	qcow2_io_unclaim(io);
 	if (io->dev) {
 		bioset_exit(&io->bs);
 		dm_put_device(ti, io->dev);

@@ -38,6 +38,19 @@
 #define QCOW2_MODE_READ		FMODE_READ
 #endif
 
+/*
+ * File locks: 6.3 gave them a header of their own, 6.9 moved the fields
+ * they share with leases into struct file_lock_core.
+ */
+#ifdef QCOW2_HAVE_FILELOCK_H	/* set by Kbuild */
+#include <linux/filelock.h>
+#endif
+#ifdef for_each_file_lock
+#define QCOW2_FL(fl, field)	((fl)->c.flc_##field)
+#else
+#define QCOW2_FL(fl, field)	((fl)->fl_##field)
+#endif
+
 /* 6.7: shrinkers are allocated by the shrinker core */
 #ifdef SHRINKER_ALLOCATED
 #define QCOW2_SHRINKER_ALLOC
@@ -103,11 +116,19 @@ struct qcow2_io {
 	atomic_t waiting;		/* such I/O under way */
 	struct work_struct queue_work;
 	atomic64_t merged;		/* bios sent in a kiocb with others */
+
+	/* Users of the image, see dm-qcow2-lock.c */
+	struct list_head user;		/* on the list of open images */
+	const void *key;		/* qcow2_io_key(), NULL: not listed */
+	struct mapped_device *md;	/* whose table opened it */
+	bool writable;
 };
 
 int qcow2_io_open(struct dm_target *ti, struct qcow2_io *io,
 		  const char *path, bool writable);
 void qcow2_io_close(struct dm_target *ti, struct qcow2_io *io);
+int qcow2_io_claim(struct dm_target *ti, struct qcow2_io *io, bool writable);
+void qcow2_io_unclaim(struct qcow2_io *io);
 int qcow2_io_read_meta(struct qcow2_io *io, void *buf, size_t len, u64 off);
 int qcow2_io_read_data(struct qcow2_io *io, void *buf, size_t len, u64 off);
 int qcow2_io_write_meta(struct qcow2_io *io, void *buf, size_t len, u64 off);
