@@ -29,12 +29,13 @@ SUITE_CORE=(t-module.sh:autoload
 	't-crash.sh:^test_l2_alloc$'
 	't-feature.sh:^test_(chain_three_deep|discard_plain|wz_v3|grow|sc_c64k|zip_write_zstd_c4k|zip_deflate_c64k|snapshot_activate)$'
 	't-race.sh:^test_(cache_waiter_dirty|held_write_bdev)$' 't-fault.sh:^test_(write_fault_file|meta_fault_bdev)$'
+	't-lock.sh:^test_(writer_locks_out_qemu|qemu_writer_refuses_table)$'
 	t-module.sh:unload)
 SUITE_JOBS=(t-write.sh t-crash.sh
 	't-feature.sh:^test_([^s]|s[^c]|sc_[^c]|sc_c[^12]|sc_co)'
 	't-module.sh:autoload t-read.sh t-refuse.sh t-module.sh:unload'
 	"kernel=6.12 ${SUITE_CORE[*]}" t-pressure.sh
-	't-users.sh t-race.sh' t-fault.sh t-mutate.sh
+	't-users.sh t-race.sh t-lock.sh' t-fault.sh t-mutate.sh
 	't-corrupt.sh:^test_[a-z0-9_]*[^p]$'
 	boot-test demo)
 
