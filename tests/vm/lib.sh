@@ -32,7 +32,7 @@ must() {
 
 # Sectors of a qcow2 image's virtual size.
 img_sectors() {
-	qemu-img info --output=json "$1" |
+	qemu-img info -U --output=json "$1" |
 		python3 -c 'import json,sys; print(json.load(sys.stdin)["virtual-size"] // 512)'
 }
 

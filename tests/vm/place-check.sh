@@ -21,7 +21,7 @@ ko=$1 rounds=${2:-3}
 ab_setup place
 dd if=/dev/zero of=o.raw bs=1M count=1026 conv=fsync status=none || exit 1
 sync
-qemu-img map --output=json p.qcow2
+qemu-img map -U --output=json p.qcow2
 for f in p.qcow2 r.raw o.raw; do
 	filefrag -v "$f" | sed -n 1,6p
 done

@@ -62,7 +62,7 @@ zip_read_case() {
 			wdev_create zr "$img" ro || return 1
 		fi
 		dev=$WDEV
-		must qemu-img compare -f raw -F raw "$img.raw" "$dev" ||
+		must qemu-img compare -U -f raw -F raw "$img.raw" "$dev" ||
 			return 1
 		must python3 "$QCOW2_TOP/tests/vm/randread.py" "$dev" \
 			"$img.raw" 100 262144 || return 1
@@ -96,7 +96,7 @@ zip_write_case() {
 	wdev_remove zw || return 1
 	qio -f qcow2 "${w[@]}" ref.qcow2 || return 1
 	img_check "$img" || return 1
-	must qemu-img compare ref.qcow2 "$img" || return 1
+	must qemu-img compare -U ref.qcow2 "$img" || return 1
 	log "compressed clusters left: $(img_compressed "$img")"
 	cd .. && rm -rf zw
 }
@@ -210,7 +210,7 @@ test_chain_three_deep() {
 	DM_LEN=$(img_sectors top.qcow2) dm_create ch \
 		"$PWD/top.qcow2 4 backing $PWD/mid.qcow2 backing $base" ||
 		{ losetup -d "$base"; return 1; }
-	must qemu-img compare -f raw -F raw ref.raw /dev/mapper/ch &&
+	must qemu-img compare -U -f raw -F raw ref.raw /dev/mapper/ch &&
 		must python3 "$QCOW2_TOP/tests/vm/randread.py" /dev/mapper/ch \
 			ref.raw 100 262144 || { dm_remove ch; losetup -d "$base"
 						return 1; }
@@ -223,7 +223,7 @@ test_chain_three_deep() {
 	[ $rc = 0 ] || return 1
 	qio -f qcow2 "${w[@]}" ref.qcow2 || return 1
 	img_check top.qcow2 || return 1
-	must qemu-img compare ref.qcow2 top.qcow2 || return 1
+	must qemu-img compare -U ref.qcow2 top.qcow2 || return 1
 	[ "$(sha256sum base.raw mid.qcow2)" = "$sums" ] ||
 		fail "a backing image changed" || return 1
 	cd .. && rm -rf ch
@@ -303,7 +303,7 @@ discard_case() {
 		return 1
 	dm_remove dc || return 1
 	img_check "$img" || return 1
-	must qemu-img compare ref.qcow2 "$img" || return 1
+	must qemu-img compare -U ref.qcow2 "$img" || return 1
 
 	# Space freed is used again: rewriting the range does not grow the file
 	local sz0 sz1
@@ -317,7 +317,7 @@ discard_case() {
 		return 1
 	img_check "$img" || return 1
 	qio -f qcow2 -c "write -P 0x57 $((1 << 20)) 3M" ref.qcow2 || return 1
-	must qemu-img compare ref.qcow2 "$img" || return 1
+	must qemu-img compare -U ref.qcow2 "$img" || return 1
 	cd .. && rm -rf dc
 }
 
@@ -368,7 +368,7 @@ test_discard_fstrim() {
 # zero_data IMG START LEN: bytes of [START, START + LEN) that qemu-img map
 # reports as data (not zero clusters).
 zero_data() {
-	qemu-img map --output=json "$1" | python3 -c '
+	qemu-img map -U --output=json "$1" | python3 -c '
 import json, sys
 s, n = int(sys.argv[1]), int(sys.argv[2])
 t = 0
@@ -425,7 +425,7 @@ wz_case() {
 	log "allocated clusters: $a0 before, $a1 after"
 	dm_remove wz || return 1
 	img_check "$img" || return 1
-	must qemu-img compare ref.qcow2 "$img" || return 1
+	must qemu-img compare -U ref.qcow2 "$img" || return 1
 	case $opts in
 	*compat=0.10*) ;;
 	*)
@@ -504,7 +504,7 @@ sc_case() {
 	fi
 	DM_LEN=$(img_sectors ref.qcow2) dm_create sc \
 		"$tbl${backing:+ 2 backing $backing}" || return 1
-	must qemu-img compare -f raw -F raw ref.raw /dev/mapper/sc &&
+	must qemu-img compare -U -f raw -F raw ref.raw /dev/mapper/sc &&
 		must python3 "$QCOW2_TOP/tests/vm/randread.py" /dev/mapper/sc \
 			ref.raw 100 65536 || { dm_remove sc; return 1; }
 	log "reads match qemu"
@@ -513,7 +513,7 @@ sc_case() {
 	[ -z "$loop" ] || losetup -d "$tbl"
 	qio -f qcow2 "${w[@]}" ref.qcow2 || return 1
 	img_check "$img" || return 1
-	must qemu-img compare ref.qcow2 "$img" || return 1
+	must qemu-img compare -U ref.qcow2 "$img" || return 1
 	log "writes match qemu's"
 
 	# Concurrent mixed-size writes inside partly allocated clusters
@@ -531,7 +531,7 @@ sc_case() {
 	dump_dev /dev/mapper/sc post.raw || { dm_remove sc; return 1; }
 	dm_remove sc || return 1
 	img_check f.qcow2 || return 1
-	must qemu-img compare -f raw -F qcow2 post.raw f.qcow2 || return 1
+	must qemu-img compare -U -f raw -F qcow2 post.raw f.qcow2 || return 1
 	cd .. && rm -rf sc
 }
 
@@ -544,13 +544,13 @@ sc_write_like_qemu() {
 	must cp "$img" ref.qcow2 || return 1
 	wdev_create "$name" "$img" || return 1
 	if [ -n "$raw" ]; then
-		must qemu-img compare -f raw -F raw "$raw" "$WDEV" || return 1
+		must qemu-img compare -U -f raw -F raw "$raw" "$WDEV" || return 1
 	fi
 	qio -n -f raw "${w[@]}" "$WDEV" || return 1
 	wdev_remove "$name" || return 1
 	qio -f qcow2 "${w[@]}" ref.qcow2 || return 1
 	img_check "$img" || return 1
-	must qemu-img compare ref.qcow2 "$img"
+	must qemu-img compare -U ref.qcow2 "$img"
 }
 
 test_sc_c64k()		{ sc_case cluster_size=64k; }
@@ -569,7 +569,7 @@ test_sc_snapshot() {
 	must qemu-img snapshot -c s1 "$img" || return 1
 	sc_write_like_qemu scs "$img" || return 1
 	must qemu-img snapshot -a s1 "$img" || return 1
-	must qemu-img compare -f raw -F qcow2 pre.raw "$img" || return 1
+	must qemu-img compare -U -f raw -F qcow2 pre.raw "$img" || return 1
 	cd .. && rm -rf scs
 }
 
@@ -644,11 +644,11 @@ test_snapshot_activate() {
 			second.raw || return 1
 
 	dm_create sn "$img 2 snapshot first" --readonly || return 1
-	must qemu-img compare -f raw -F raw first.raw /dev/mapper/sn ||
+	must qemu-img compare -U -f raw -F raw first.raw /dev/mapper/sn ||
 		return 1
 	dm_remove sn || return 1
 	dm_create sn "$img 2 snapshot 2" --readonly || return 1
-	must qemu-img compare -f raw -F raw second.raw /dev/mapper/sn ||
+	must qemu-img compare -U -f raw -F raw second.raw /dev/mapper/sn ||
 		return 1
 	dm_remove sn || return 1
 	log "snapshots 'first' and id 2 read back as qemu reads them"

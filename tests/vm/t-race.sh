@@ -60,7 +60,7 @@ race_cleanup() {
 
 # host_of IMG OFFSET: the host offset of guest byte OFFSET (qemu-img map).
 host_of() {
-	qemu-img map --output=json "$1" | python3 -c '
+	qemu-img map -U --output=json "$1" | python3 -c '
 import json, sys
 off = int(sys.argv[1])
 for e in json.load(sys.stdin):
@@ -200,7 +200,7 @@ stress() {
 		wdev_remove st || return 1
 		[ ! -b "$RIMG" ] || blockdev --flushbufs "$RIMG"
 		img_check "$RIMG" || return 1
-		must qemu-img compare -q -f raw -F qcow2 dev.raw "$RIMG" ||
+		must qemu-img compare -U -q -f raw -F qcow2 dev.raw "$RIMG" ||
 			fail "the image differs from the device, round $round" ||
 			return 1
 		qio -r -f qcow2 -c "read -P 0x5c 96M 32M" "$RIMG" ||

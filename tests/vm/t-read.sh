@@ -23,10 +23,10 @@ fill_image() {
 }
 
 # check_dev NAME IMG REF: the device reads the same as the image, through
-# qemu-img compare and through random direct reads of varied sizes.
+# qemu-img compare -U and through random direct reads of varied sizes.
 check_dev() {
 	local dev=/dev/mapper/$1
-	must qemu-img compare -f raw -F qcow2 "$dev" "$2" || return 1
+	must qemu-img compare -U -f raw -F qcow2 "$dev" "$2" || return 1
 	must python3 "$QCOW2_TOP/tests/vm/randread.py" "$dev" "$3" 200 || return 1
 	must dd if="$dev" of=/dev/null bs=1M iflag=direct || return 1
 }
@@ -80,7 +80,7 @@ test_zero_alloc() {
 	must qemu-io -f qcow2 -c "write -P 0x5a 0 16M" -c "write -z 1M 2M" \
 		-c "write -z -u 8M 1M" -c "write -P 0x11 1536k 4k" img.qcow2 ||
 		return 1
-	qemu-img map --output=json img.qcow2 | grep -q '"zero": true, "data": false, "offset"' ||
+	qemu-img map -U --output=json img.qcow2 | grep -q '"zero": true, "data": false, "offset"' ||
 		fail "no zero-alloc cluster in the test image" || return 1
 	check_both img.qcow2
 }

@@ -191,7 +191,7 @@ test_helper_chain() {
 
 	if out=$("$QD" create uch top.qcow2 --readonly 2>&1); then
 		log "the target serves the chain"
-		must qemu-img compare -f raw -F qcow2 /dev/mapper/uch top.qcow2 ||
+		must qemu-img compare -U -f raw -F qcow2 /dev/mapper/uch top.qcow2 ||
 			return 1
 		must "$QD" remove uch || return 1
 	else
@@ -298,7 +298,7 @@ test_qcow2_on_lv() {
 		return 1
 	must "$QD" remove uimg || return 1
 	u_check "$img" || return 1
-	must qemu-img compare -f raw -F qcow2 ref.raw "$img" || return 1
+	must qemu-img compare -U -f raw -F qcow2 ref.raw "$img" || return 1
 	must lvm_ vgchange -an ulvg || return 1
 	must losetup -d "$loop"
 }

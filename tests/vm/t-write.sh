@@ -153,7 +153,7 @@ grow_for_loop() {
 }
 
 img_info_field() {
-	qemu-img info --output=json "$1" |
+	qemu-img info -U --output=json "$1" |
 		python3 -c "import json,sys; print(json.load(sys.stdin)[\"$2\"])"
 }
 
@@ -252,11 +252,11 @@ matrix_case() {
 	wdev_remove m || return 1
 
 	img_check "$img" || return 1
-	must qemu-img compare -f raw -F qcow2 ref.raw "$img" || return 1
+	must qemu-img compare -U -f raw -F qcow2 ref.raw "$img" || return 1
 
 	# Open it again (writable): the device still shows the same
 	wdev_create m "$img" ${loop:+"$loop"} || return 1
-	must qemu-img compare -f raw -F raw ref.raw "$WDEV" || return 1
+	must qemu-img compare -U -f raw -F raw ref.raw "$WDEV" || return 1
 	wdev_remove m || return 1
 	img_check "$img" || return 1
 	qio -r -f qcow2 "${rd[@]}" "$img" || return 1
@@ -309,10 +309,10 @@ every_sector_case() {
 		i=$((i + 1))
 	done
 	log "$i runs of writes"
-	must qemu-img compare -f raw -F raw src.raw "$dev" || return 1
+	must qemu-img compare -U -f raw -F raw src.raw "$dev" || return 1
 	wdev_remove es || return 1
 	img_check "$img" || return 1
-	must qemu-img compare -f raw -F qcow2 src.raw "$img" || return 1
+	must qemu-img compare -U -f raw -F qcow2 src.raw "$img" || return 1
 	alloc=$(img_allocated "$img")
 	[ "$alloc" = $((size / cs)) ] ||
 		fail "$alloc clusters allocated, want $((size / cs))" || return 1
@@ -475,7 +475,7 @@ test_snapshot() {
 	must qemu-img snapshot -c s1 "$img" || return 1
 
 	wdev_create s "$img" || return 1
-	must qemu-img compare -f raw -F raw pre.raw "$WDEV" || return 1
+	must qemu-img compare -U -f raw -F raw pre.raw "$WDEV" || return 1
 	# Over the same ranges: partial clusters, whole clusters, 1 MiB runs
 	must fio --filename="$WDEV" --direct=1 --ioengine=libaio --iodepth=16 \
 		--bssplit=$FIO_BSSPLIT --blockalign=512 \
@@ -488,10 +488,10 @@ test_snapshot() {
 
 	img_check "$img" || return 1
 	qemu-img snapshot -l "$img" | grep -qw s1 || fail "s1 gone" || return 1
-	must qemu-img compare -f raw -F qcow2 post.raw "$img" || return 1
+	must qemu-img compare -U -f raw -F qcow2 post.raw "$img" || return 1
 	must cp "$img" copy.qcow2 || return 1
 	must qemu-img snapshot -a s1 copy.qcow2 || return 1
-	must qemu-img compare -f raw -F qcow2 pre.raw copy.qcow2 || return 1
+	must qemu-img compare -U -f raw -F qcow2 pre.raw copy.qcow2 || return 1
 	img_check copy.qcow2 || return 1
 	cd .. && rm -rf snap
 }
@@ -533,7 +533,7 @@ test_tail_past_eof() {
 	dm_remove o || return 1
 	qio -f qcow2 -c "write -P 0x32 $((c + 32768)) 4k" ref.qcow2 || return 1
 	img_check o.qcow2 || return 1
-	must qemu-img compare o.qcow2 ref.qcow2 || return 1
+	must qemu-img compare -U o.qcow2 ref.qcow2 || return 1
 
 	# Shared with a snapshot: copied on write
 	must qemu-img snapshot -c s1 "$img" || return 1
@@ -543,7 +543,7 @@ test_tail_past_eof() {
 	wdev_remove t || return 1
 	qio -f qcow2 -c "write -P 0x33 $((c + 16384)) 4k" ref.qcow2 || return 1
 	img_check "$img" || return 1
-	must qemu-img compare "$img" ref.qcow2 || return 1
+	must qemu-img compare -U "$img" ref.qcow2 || return 1
 
 	# In place, past the end of the file again: a new cluster, then its tail
 	wdev_create t "$img" || return 1
@@ -555,7 +555,7 @@ test_tail_past_eof() {
 	qio -f qcow2 -c "write -P 0x34 $((8 << 20)) 4k" \
 		-c "write -P 0x35 $((8 << 20 | 61440)) 4k" ref.qcow2 || return 1
 	img_check "$img" || return 1
-	must qemu-img compare "$img" ref.qcow2 || return 1
+	must qemu-img compare -U "$img" ref.qcow2 || return 1
 	cd .. && rm -rf tail
 }
 
@@ -601,13 +601,13 @@ span_case() {
 			seek="$1" iflag=skip_bytes oflag=seek_bytes \
 			conv=notrunc status=none || return 1
 	done
-	must qemu-img compare -f raw -F raw ref.raw "$WDEV" || return 1
+	must qemu-img compare -U -f raw -F raw ref.raw "$WDEV" || return 1
 	wdev_remove sp || return 1
 	img_check "$img" || return 1
-	must qemu-img compare -f raw -F qcow2 ref.raw "$img" || return 1
+	must qemu-img compare -U -f raw -F qcow2 ref.raw "$img" || return 1
 
 	wdev_create sp "$img" ${loop:+"$loop"} || return 1
-	must qemu-img compare -f raw -F raw ref.raw "$WDEV" || return 1
+	must qemu-img compare -U -f raw -F raw ref.raw "$WDEV" || return 1
 	wdev_remove sp || return 1
 	must qemu-img convert -l snapshot.name=s1 -O raw "$img" s1-after.raw ||
 		return 1
@@ -643,7 +643,7 @@ span_parked_case() {
 	dump_dev "$WDEV" ref.raw || return 1
 	wdev_remove pp || return 1
 	img_check "$img" || return 1
-	must qemu-img compare -f raw -F qcow2 ref.raw "$img" || return 1
+	must qemu-img compare -U -f raw -F qcow2 ref.raw "$img" || return 1
 	wdev_create pp "$img" ${loop:+"$loop"} || return 1
 	must fio "$@" --verify_only >/dev/null || return 1
 	wdev_remove pp || return 1
@@ -680,7 +680,7 @@ test_buffered_merge() {
 	must cmp ref.raw "$WDEV" || return 1
 	wdev_remove bm || return 1
 	img_check "$img" || return 1
-	must qemu-img compare -f raw -F qcow2 ref.raw "$img" || return 1
+	must qemu-img compare -U -f raw -F qcow2 ref.raw "$img" || return 1
 	cd .. && rm -rf bm
 }
 
@@ -730,7 +730,7 @@ gather_case() {
 	must cmp ref.raw dev.raw || return 1
 	wdev_remove ga || return 1
 	img_check "$img" || return 1
-	must qemu-img compare -f raw -F qcow2 ref.raw "$img" || return 1
+	must qemu-img compare -U -f raw -F qcow2 ref.raw "$img" || return 1
 	cd .. && rm -rf ga
 }
 
@@ -771,7 +771,7 @@ test_gather_backing() {
 	must cmp ref.raw dev.raw || return 1
 	dm_remove gb || return 1
 	img_check "$img" || return 1
-	must qemu-img compare -f raw -F qcow2 ref.raw "$img" || return 1
+	must qemu-img compare -U -f raw -F qcow2 ref.raw "$img" || return 1
 	cd .. && rm -rf gb
 }
 
@@ -813,7 +813,7 @@ test_writeback_merge() {
 	must cmp ref.raw dev.raw || return 1
 	dm_remove wm || return 1
 	img_check "$img" || return 1
-	must qemu-img compare -f raw -F qcow2 ref.raw "$img" || return 1
+	must qemu-img compare -U -f raw -F qcow2 ref.raw "$img" || return 1
 	cd .. && rm -rf wm
 }
 
@@ -838,7 +838,7 @@ test_conc_disjoint_verify() {
 	dump_dev "$WDEV" ref.raw || return 1
 	wdev_remove c || return 1
 	img_check "$img" || return 1
-	must qemu-img compare -f raw -F qcow2 ref.raw "$img" || return 1
+	must qemu-img compare -U -f raw -F qcow2 ref.raw "$img" || return 1
 	cd .. && rm -rf cd
 }
 
@@ -919,7 +919,7 @@ EOF
 		return 1
 	wdev_remove c || return 1
 	img_check "$img" || return 1
-	must qemu-img compare -f raw -F qcow2 r1.raw "$img" || return 1
+	must qemu-img compare -U -f raw -F qcow2 r1.raw "$img" || return 1
 	wdev_create c "$img" || return 1
 	dump_dev "$WDEV" r2.raw || return 1
 	wdev_remove c || return 1
@@ -955,7 +955,7 @@ test_hdr_lazy_clean() {
 	[ $(($(hdr_byte "$img" $DIRTY_BYTE) & DIRTY_BIT)) = 0 ] ||
 		fail "dirty bit still set after removal" || return 1
 	img_check "$img" || return 1
-	must qemu-img compare -f raw -F qcow2 ref.raw "$img" || return 1
+	must qemu-img compare -U -f raw -F qcow2 ref.raw "$img" || return 1
 	cd .. && rm -rf lz
 }
 
@@ -1048,7 +1048,7 @@ refused_bit() {
 	wdev_create hb "$img" ro || return 1
 	[ "$(dm_status_field hb 1)" = ro ] ||
 		fail "mode $(dm_status_field hb 1), want ro" || return 1
-	must qemu-img compare -f raw -F raw ref.raw "$WDEV" || return 1
+	must qemu-img compare -U -f raw -F raw ref.raw "$WDEV" || return 1
 	wdev_remove hb || return 1
 	[ "$(sha256sum <"$img")" = "$sum" ] ||
 		fail "the read-only activation changed the image" || return 1
@@ -1098,7 +1098,7 @@ test_hdr_autoclear_bitmaps() {
 		--size=64M --io_size=8M || return 1
 	dump_dev "$WDEV" ref.raw || return 1
 	wdev_remove ac || return 1
-	must qemu-img compare -f raw -F qcow2 ref.raw "$img" || return 1
+	must qemu-img compare -U -f raw -F qcow2 ref.raw "$img" || return 1
 	if [ "$WRITE_DEV" != dm ]; then
 		# qemu keeps bitmaps up to date and the bit set
 		log "bitmaps bit: $(($(hdr_byte "$img" $AUTOCLEAR_BYTE) & BITMAPS_BIT)) (bit check: dm only)"
