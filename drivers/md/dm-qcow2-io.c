@@ -24,28 +24,6 @@
 
 /* ---- Opening the image ---- */
 
-/*
- * The device node the table names, opened (not exclusively) only to hold
- * QEMU's image locks on it (dm-qcow2-lock.c): QEMU locks the node it
- * opens. Kept only if it still is the device dm opened; a table naming
- * major:minor has no node.
- */
-static void io_open_node(struct qcow2_io *io, const char *path)
-{
-	struct file *f;
-
-	if (path[0] != '/')
-		return;
-	f = filp_open(path, O_RDONLY | O_NONBLOCK | O_LARGEFILE, 0);
-	if (IS_ERR(f))
-		return;
-	if (S_ISBLK(file_inode(f)->i_mode) &&
-	    file_inode(f)->i_rdev == io->dev->bdev->bd_dev)
-		io->node = f;
-	else
-		fput(f);
-}
-
 static int io_open_bdev(struct dm_target *ti, struct qcow2_io *io,
 			const char *path, bool writable)
 {
@@ -60,7 +38,6 @@ static int io_open_bdev(struct dm_target *ti, struct qcow2_io *io,
 	}
 	io->size = bdev_nr_bytes(io->dev->bdev);
 	io->lbs = bdev_logical_block_size(io->dev->bdev);
-	io_open_node(io, path);
 	/* Metadata and worker-written data: see io_bdev_add() */
 	r = bioset_init(&io->bs, BIO_POOL_SIZE, 0, BIOSET_NEED_BVECS);
 	if (r) {
@@ -157,9 +134,6 @@ const void *qcow2_io_key(struct qcow2_io *io)
 void qcow2_io_close(struct dm_target *ti, struct qcow2_io *io)
 {
 	qcow2_io_unclaim(io);
-	if (io->node)
-		fput(io->node);
-	io->node = NULL;
 	if (io->dev) {
 		bioset_exit(&io->bs);
 		dm_put_device(ti, io->dev);
