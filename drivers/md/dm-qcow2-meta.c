@@ -198,12 +198,6 @@ const char *qcow2_host_cluster_check(struct qcow2 *q, u64 off)
 #define QCOW2_META_REFBLOCK	2UL
 
 /*
- * Remember that the cluster at @off holds metadata of @kind. -EEXIST when
- * it is already known as something else (or as a refcount block twice).
- * The load and the store are not one step: callers are the table load
- * (nothing else runs) and changes made under alloc_lock.
- */
-/*
  * Marks made while writing (a new L2 table or refcount block) are made
  * under memory pressure too, with the allocation lock held: dip into the
  * atomic reserves, never loop in reclaim. A mark that still cannot be
@@ -211,6 +205,12 @@ const char *qcow2_host_cluster_check(struct qcow2 *q, u64 off)
  */
 #define QCOW2_GFP_MARK	(GFP_NOIO | __GFP_HIGH | __GFP_NORETRY | __GFP_NOWARN)
 
+/*
+ * Remember that the cluster at @off holds metadata of @kind. -EEXIST when
+ * it is already known as something else (or as a refcount block twice).
+ * The load and the store are not one step: callers are the table load
+ * (nothing else runs) and changes made under alloc_lock.
+ */
 static int meta_mark(struct qcow2 *q, u64 off, unsigned long kind, gfp_t gfp)
 {
 	unsigned long idx = off >> q->hdr.cluster_bits;
