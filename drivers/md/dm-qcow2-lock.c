@@ -73,6 +73,12 @@ static const char in_use_written[] =
 static const char in_use_read[] =
 	"Image is in use: another dm-qcow2 device reads it (or a chain above it)";
 
+/*
+ * Every open image of every table. io_users_lock protects the list and
+ * the user, key, md and writable fields of the ios on it: a claim's check
+ * and its list_add are one step, so of two tables loaded at once for one
+ * image the second sees the first.
+ */
 static LIST_HEAD(io_users);
 static DEFINE_MUTEX(io_users_lock);
 
