@@ -52,11 +52,6 @@ qemu_holds() {
 	fail "qemu-io did not open $img"
 }
 
-# The lock error a refused table must show in the kernel log
-l_refused() {
-	expect_refused "$@"
-}
-
 # A writable table: QEMU's readers and writers are refused with QEMU's
 # error, "info -U" (force share) still reads; removal releases the image.
 test_writer_locks_out_qemu() {
@@ -111,7 +106,7 @@ test_backing_locked() {
 	qemu_refused qemu-io -f qcow2 -c 'write 0 512' "$base" || return 1
 	qemu_refused qemu-img info "$top" || return 1
 	# a writable table of the backing image is refused too
-	l_refused lb2 "$base" "Image is in use: another dm-qcow2 device reads it" \
+	expect_refused lb2 "$base" "Image is in use: another dm-qcow2 device reads it" \
 		|| return 1
 	must dm_remove lb || return 1
 	must qemu-io -f qcow2 -c 'write 0 512' "$base"
@@ -124,15 +119,15 @@ test_qemu_writer_refuses_table() {
 	img=$PWD/a.qcow2
 	must qemu-img create -q -f qcow2 "$img" 64M || return 1
 	qemu_holds "$img" -f qcow2 || return 1
-	DM_LEN=131072 l_refused lq "$img" "Image is locked by another user" ||
+	DM_LEN=131072 expect_refused lq "$img" "Image is locked by another user" ||
 		return 1
-	DM_LEN=131072 l_refused lq "$img" "Image is locked by another user" \
+	DM_LEN=131072 expect_refused lq "$img" "Image is locked by another user" \
 		--readonly || return 1
 	l_cleanup
 	trap l_cleanup EXIT
 	# a QEMU reader: a read-only table may join it, a writable one not
 	qemu_holds "$img" -f qcow2 -r || return 1
-	DM_LEN=131072 l_refused lq "$img" "Image is locked by another user" ||
+	DM_LEN=131072 expect_refused lq "$img" "Image is locked by another user" ||
 		return 1
 	dm_create lq "$img" --readonly || return 1
 	must dm_remove lq
@@ -148,9 +143,9 @@ test_tables_and_reload() {
 	must qemu-img create -q -f qcow2 "$img" 64M || return 1
 	must ln "$img" "$PWD/link.qcow2" || return 1
 	dm_create lt "$img" || return 1
-	DM_LEN=131072 l_refused lt2 "$PWD/link.qcow2" \
+	DM_LEN=131072 expect_refused lt2 "$PWD/link.qcow2" \
 		"Image is in use: another dm-qcow2 device writes it" || return 1
-	DM_LEN=131072 l_refused lt2 "$img" \
+	DM_LEN=131072 expect_refused lt2 "$img" \
 		"Image is in use: another dm-qcow2 device writes it" --readonly ||
 		return 1
 	must dd if=/dev/urandom of=/dev/mapper/lt bs=64k count=16 oflag=direct ||
