@@ -4,13 +4,14 @@
 # tests/vm/ab-dd.sh does with dd: the modules are loaded in turn, each
 # round, and each is measured against loop on a raw file in the same round.
 #
-#   scripts/vm-run --fill --disk 4G --out DIR -- tests/vm/ab-fio.sh [--empty] \
-#	A.ko B.ko [ROUNDS [FIO-ARGS...]]
+#   scripts/vm-run --fill --disk 4G --out DIR -- tests/vm/ab-fio.sh \
+#	[--empty] [--bdev] A.ko B.ko [ROUNDS [FIO-ARGS...]]
 #
 # FIO-ARGS default to 4 KiB random writes at iodepth 1 for 5 s
 # (--rw=randwrite --bs=4k --iodepth=1 --runtime=5); libaio, direct I/O on
 # a preallocated 1 GiB image (--empty: a new empty image and a sparse raw
-# file for every run, so that writes allocate), and buffers on a 2 MiB
+# file for every run, so that writes allocate; --bdev: the image served
+# through a loop device, the block-device backend), and buffers on a 2 MiB
 # boundary (huge pages, as the bench has them) are always used. The .ko
 # files must be readable in the guest (not under /tmp). Each run's line
 # gives IOPS, the mean submission and completion latency (us), the
@@ -21,7 +22,14 @@
 # time went; then how long the disk was busy (ms), how many requests it
 # held on average while busy, and how many flushes it served.
 set -u
-[ "${1:-}" != --empty ] || { AB_EMPTY=1; shift; }
+while :; do
+	case ${1:-} in
+	--empty) AB_EMPTY=1 ;;
+	--bdev) AB_BDEV=1 ;;
+	*) break ;;
+	esac
+	shift
+done
 # shellcheck source=tests/vm/ab-lib.sh
 . "$(dirname "${BASH_SOURCE[0]}")/ab-lib.sh"
 a=$1 b=$2 rounds=${3:-3}

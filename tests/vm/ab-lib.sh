@@ -9,6 +9,10 @@
 # (1 GiB of zeros, written). With AB_EMPTY=1, ab_rounds() makes empty
 # images instead, new for every measure (ab_images()).
 AB_EMPTY=${AB_EMPTY:-}
+# With AB_BDEV=1, the qcow2 image is served through a loop device (direct
+# I/O) instead of as a file: the block-device backend, as the bench's
+# dm-loop rows have it.
+AB_BDEV=${AB_BDEV:-}
 ab_setup() {
 	local mnt=/run/$1
 	[ -b /dev/vda ] || { echo "$1: no scratch disk /dev/vda" >&2; exit 2; }
@@ -53,23 +57,33 @@ ab_images() {
 }
 
 # ab_rounds A.ko B.ko ROUNDS MEASURE: each round and module, load the
-# module, serve the qcow2 image of ab_images() as /dev/mapper/ab and its
+# module, serve the qcow2 image of ab_images() (through a loop device with
+# AB_BDEV=1) as /dev/mapper/ab and its
 # raw file on a loop device (direct I/O), run MEASURE "round I M" DM-DEV
 # LOOP-DEV, print the stats message, and take it all down again.
 ab_rounds() {
-	local a=$1 b=$2 rounds=$3 measure=$4 i m ko lo
+	local a=$1 b=$2 rounds=$3 measure=$4 i m ko lo img qlo
 	for i in $(seq 1 "$rounds"); do
 		for m in A B; do
 			ko=$a
 			[ $m = B ] && ko=$b
 			insmod "$ko" && ab_images || exit 1
-			dmsetup create ab \
-				--table "0 2097152 qcow2 $PWD/$AB_QCOW2" || exit 1
+			img=$PWD/$AB_QCOW2 qlo=
+			if [ -n "$AB_BDEV" ]; then
+				# room to allocate in: a device does not grow
+				truncate -s 1312M "$img" &&
+					qlo=$(losetup --direct-io=on -f --show "$img") ||
+					exit 1
+				img=$qlo
+			fi
+			dmsetup create ab --table "0 2097152 qcow2 $img" ||
+				exit 1
 			lo=$(losetup --direct-io=on -f --show "$AB_RAW") || exit 1
 			"$measure" "round $i $m" /dev/mapper/ab "$lo" || exit 1
 			echo "round $i $m stats $(dmsetup message ab 0 stats)"
 			losetup -d "$lo" && dmsetup remove ab &&
 				rmmod dm_qcow2 || exit 1
+			[ -z "$qlo" ] || losetup -d "$qlo" || exit 1
 		done
 	done
 }
