@@ -922,7 +922,7 @@ static void file_submit_iter(struct qcow2_io *io, struct bio *bio, u64 pos,
 	pb->iocb.ki_flags = io->dio ? IOCB_DIRECT : 0;
 	if (bio->bi_opf & REQ_FUA)
 		pb->iocb.ki_flags |= IOCB_DSYNC;
-	pb->iocb.ki_ioprio = bio_prio(bio);
+	pb->iocb.ki_ioprio = bio->bi_ioprio;
 	if (write)
 		io_extend(io, pos + iov_iter_count(ii));
 
@@ -963,7 +963,7 @@ static void file_submit_bio(struct qcow2_io *io, struct bio *bio, u64 pos,
 	iov_iter_bvec(&ii, op_is_write(bio_op(bio)) ? ITER_SOURCE : ITER_DEST,
 		      __bvec_iter_bvec(bio->bi_io_vec, bio->bi_iter), nr_bvec,
 		      bio->bi_iter.bi_size);
-	ii.iov_offset = bio->bi_iter.bi_bvec_done;
+	ii.iov_offset = QCOW2_BVEC_DONE(bio->bi_iter);
 	pb->bvec = NULL;
 	bio->bi_next = NULL;
 	file_submit_iter(io, bio, pos, &ii);

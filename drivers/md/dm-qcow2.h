@@ -51,6 +51,16 @@
 #define QCOW2_FL(fl, field)	((fl)->fl_##field)
 #endif
 
+/*
+ * The bytes of the current bvec already done: bi_bvec_done until the 7.x
+ * trees, which call it bi_offset.
+ */
+#ifdef QCOW2_HAVE_BVEC_DONE	/* set by Kbuild */
+#define QCOW2_BVEC_DONE(iter)	((iter).bi_bvec_done)
+#else
+#define QCOW2_BVEC_DONE(iter)	((iter).bi_offset)
+#endif
+
 /* 6.7: shrinkers are allocated by the shrinker core */
 #ifdef SHRINKER_ALLOCATED
 #define QCOW2_SHRINKER_ALLOC
