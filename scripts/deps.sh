@@ -10,11 +10,13 @@ set -euo pipefail
 # linux-image-6.12-amd64: Debian 12's second kernel, which CI builds for and
 # boots a core set of guest cases on (scripts/kver.sh, QCOW2_KVER=6.12).
 # debhelper, dh-dkms, lintian: the packages (debian/, scripts/pkg-check).
+# nfs-kernel-server: the NFS server and client tools the guest runs for
+# the images-on-NFS cases (tests/vm/nfs-lib.sh).
 PACKAGES="build-essential qemu-system-x86 qemu-utils linux-image-amd64
 linux-headers-amd64 linux-image-6.12-amd64 linux-headers-6.12-amd64
 busybox-static fio kmod cpio e2fsprogs xfsprogs lvm2 dmsetup util-linux
 python3 sparse linux-source-6.1 gnuplot-nox dkms psmisc clang debhelper
-dh-dkms lintian"
+dh-dkms lintian nfs-kernel-server"
 
 missing=()
 for p in $PACKAGES "$@"; do

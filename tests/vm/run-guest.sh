@@ -114,16 +114,27 @@ run_case() {
 # Each file is read in a subshell of its own: a file may redefine a helper
 # of lib.sh for its cases (t-corrupt.sh's img_sectors), and that must not
 # reach the files run after it. The counts are kept in $results.
+# "nfs:FILE[:REGEX]" runs the cases with their images on NFS
+# (tests/vm/nfs-lib.sh: the server in this guest, SCRATCH on its first
+# client's mount); their names begin with "nfs/".
 run_file() {
-	local spec=$1 file regex fn
+	local spec=$1 file regex fn prefix=
+	if [[ $spec == nfs:* ]]; then
+		spec=${spec#nfs:} prefix=nfs/
+	fi
 	file=${spec%%:*}
 	regex=.
 	[ "$file" = "$spec" ] || regex=${spec#*:}
 	(
+		if [ -n "$prefix" ]; then
+			# shellcheck source=tests/vm/nfs-lib.sh
+			. "$here/nfs-lib.sh"
+			nfs_scratch || { record FAIL "${prefix}setup"; exit; }
+		fi
 		# shellcheck disable=SC1090
-		. "$here/$file" || { record FAIL "$file"; exit; }
+		. "$here/$file" || { record FAIL "$prefix$file"; exit; }
 		for fn in $(declare -F | awk '{print $3}' | grep '^test_' | grep -E -- "$regex"); do
-			run_case "${file%.sh}/${fn#test_}" "$fn"
+			run_case "$prefix${file%.sh}/${fn#test_}" "$fn"
 		done
 	)
 	passed=$(grep -c '^PASS ' "$results")
