@@ -39,17 +39,24 @@ qemu_refused() {
 # qemu_holds IMG OPTS...: qemu-io holding IMG open (sleeping) in the
 # background, as a VM would; waits until it has the image open.
 qemu_holds() {
-	local img=$1
+	local img=$1 pid out
 	shift
-	qemu-io "$@" -c 'sleep 600000' "$img" >/dev/null 2>&1 &
-	L_PIDS+=($!)
-	for _ in $(seq 1 100); do
+	out=$(mktemp)
+	qemu-io "$@" -c 'sleep 600000' "$img" >"$out" 2>&1 &
+	pid=$!
+	L_PIDS+=("$pid")
+	# on NFS, a lock may take its time (the server recalls state)
+	for _ in $(seq 1 900); do
 		# QEMU's locks are open file description locks: /proc/locks
 		# lists them as OFDLCK
-		grep -q OFDLCK /proc/locks && return 0
+		grep -q OFDLCK /proc/locks && { rm -f "$out"; return 0; }
+		kill -0 "$pid" 2>/dev/null || break
 		sleep 0.1
 	done
-	fail "qemu-io did not open $img"
+	fail "qemu-io $* did not open $img: $(cat "$out")"
+	[ -z "${VERBOSE:-}" ] || cat "/proc/$pid/stack" /proc/locks >&2
+	rm -f "$out"
+	return 1
 }
 
 # A writable table: QEMU's readers and writers are refused with QEMU's
@@ -158,4 +165,111 @@ test_tables_and_reload() {
 	qemu_refused qemu-img info "$img" || return 1
 	must dm_remove lt || return 1
 	must qemu-img check "$img"
+}
+
+# ---- the lock matrix ------------------------------------------------------
+# Five ways to use an image: a writable table (dm_rw), a read-only table
+# (dm_ro), a QEMU writer (q_rw), a QEMU reader (q_ro) and a QEMU reader
+# with force share (q_U, "qemu-img -U"). For every ordered pair, the
+# first holds the image and the second tries to open it; a table must be
+# allowed or refused exactly as QEMU is when QEMU stands in its place (a
+# writable table as a writer, a read-only one as a reader), and two QEMU
+# processes are the oracle of what QEMU does.
+LOCK_ROLES=(dm_rw dm_ro q_rw q_ro q_U)
+
+# lock_as_qemu ROLE: the QEMU role a table stands for.
+lock_as_qemu() {
+	case $1 in
+	dm_rw) echo q_rw ;;
+	dm_ro) echo q_ro ;;
+	*) echo "$1" ;;
+	esac
+}
+
+# lock_qemu_opts ROLE: qemu-io's options for a QEMU role.
+lock_qemu_opts() {
+	case $1 in
+	q_rw) echo "-f qcow2" ;;
+	q_ro) echo "-f qcow2 -r" ;;
+	q_U) echo "-f qcow2 -r -U" ;;
+	esac
+}
+
+# lock_hold ROLE IMG: ROLE holds IMG open until l_cleanup.
+lock_hold() {
+	local opts
+	case $1 in
+	dm_rw) DM_LEN=131072 dm_create lm1 "$2" ;;
+	dm_ro) DM_LEN=131072 dm_create lm1 "$2" --readonly ;;
+	*)
+		read -ra opts <<<"$(lock_qemu_opts "$1")"
+		qemu_holds "$2" "${opts[@]}"
+		;;
+	esac
+}
+
+# lock_try ROLE IMG: ROLE opens IMG beside the holder; prints "allowed"
+# or "refused" (refused on a lock or in-use error only, anything else is
+# "error: ..."), and lets the image go again.
+lock_try() {
+	local opts out
+	case $1 in
+	dm_rw | dm_ro)
+		[ "$1" = dm_rw ] || opts=(--readonly)
+		if dmsetup create lm2 "${opts[@]}" \
+			--table "0 131072 qcow2 $2" 2>/dev/null; then
+			dm_remove lm2 && echo allowed
+		elif dmesg | tail -n 5 | grep -qE 'qcow2: Image is (locked|in use)'; then
+			echo refused
+		else
+			echo "error: $(last_dm_error)"
+		fi
+		;;
+	*)
+		read -ra opts <<<"$(lock_qemu_opts "$1")"
+		if out=$(qemu-io "${opts[@]}" -c 'read 0 512' "$2" 2>&1); then
+			echo allowed
+		elif echo "$out" | grep -q -- "$QEMU_LOCK_MSG"; then
+			echo refused
+		else
+			echo "error: $out"
+		fi
+		;;
+	esac
+}
+
+# lock_pair FIRST SECOND IMG1 IMG2: what SECOND gets on IMG2 while FIRST
+# holds IMG1 (the same file, perhaps by another path or another host).
+lock_pair() {
+	if lock_hold "$1" "$3" >&2; then
+		lock_try "$2" "$4"
+	else
+		echo "error: $1 cannot hold"
+	fi
+	l_cleanup
+}
+
+# lock_matrix IMG1 IMG2: every pair, the holder on IMG1 and the other on
+# IMG2, against the QEMU oracle on IMG1 alone; one line per pair.
+lock_matrix() {
+	local f s want got bad=0
+	for f in "${LOCK_ROLES[@]}"; do
+		for s in "${LOCK_ROLES[@]}"; do
+			want=$(lock_pair "$(lock_as_qemu "$f")" \
+				"$(lock_as_qemu "$s")" "$1" "$1")
+			got=$(lock_pair "$f" "$s" "$1" "$2")
+			log "$f then $s: $got (QEMU: $want)"
+			[ "$got" = "$want" ] && [[ $got != error* ]] || bad=1
+		done
+	done
+	[ $bad = 0 ] || fail "the tables did not behave as QEMU does"
+}
+
+# Every pair of the five ways, in both orders, on one image (one path as
+# the holder's, a hard link as the other's).
+test_matrix() {
+	l_newdir lm || return 1
+	must qemu-img create -q -f qcow2 a.qcow2 64M || return 1
+	must ln a.qcow2 link.qcow2 || return 1
+	lock_matrix "$PWD/a.qcow2" "$PWD/link.qcow2"
 }
