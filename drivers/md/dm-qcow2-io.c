@@ -14,6 +14,7 @@
 #include <linux/completion.h>
 #include <linux/falloc.h>
 #include <linux/file.h>
+#include <linux/mount.h>
 #include <linux/namei.h>
 #include <linux/pagemap.h>
 #include <linux/sched/mm.h>
@@ -23,6 +24,55 @@
 #include "dm-qcow2.h"
 
 /* ---- Opening the image ---- */
+
+/*
+ * The device node the table names, opened (not exclusively) only to hold
+ * QEMU's image locks on it (dm-qcow2-lock.c): QEMU locks the node it
+ * opens, and locks belong to the node's inode. Kept only if it is the
+ * device dm opened; a table naming major:minor has no node. The node is
+ * opened through a private clone of its mount, not the mount it was found
+ * on: an open file there would keep /dev (and an initramfs's /dev, with
+ * the root file system on this table) from being unmounted.
+ */
+static void io_open_node(struct qcow2_io *io, const char *path)
+{
+	struct path node, priv;
+	struct vfsmount *mnt;
+	struct inode *inode;
+	struct file *f;
+
+	if (path[0] != '/' || kern_path(path, LOOKUP_FOLLOW, &node))
+		return;
+	inode = d_inode(node.dentry);
+	if (!S_ISBLK(inode->i_mode) || inode->i_rdev != io->dev->bdev->bd_dev)
+		goto out;
+	mnt = clone_private_mount(&node);
+	if (IS_ERR(mnt))
+		goto out;
+	priv.mnt = mnt;
+	priv.dentry = mnt->mnt_root;
+	f = dentry_open(&priv, O_RDONLY | O_NONBLOCK | O_LARGEFILE,
+			current_cred());
+	if (IS_ERR(f)) {
+		kern_unmount(mnt);
+		goto out;
+	}
+	io->node = f;
+	io->node_mnt = mnt;
+out:
+	path_put(&node);
+}
+
+static void io_close_node(struct qcow2_io *io)
+{
+	if (!io->node)
+		return;
+	/* the file's own reference keeps the mount until it is released */
+	fput(io->node);
+	kern_unmount(io->node_mnt);
+	io->node = NULL;
+	io->node_mnt = NULL;
+}
 
 static int io_open_bdev(struct dm_target *ti, struct qcow2_io *io,
 			const char *path, bool writable)
@@ -38,6 +88,7 @@ static int io_open_bdev(struct dm_target *ti, struct qcow2_io *io,
 	}
 	io->size = bdev_nr_bytes(io->dev->bdev);
 	io->lbs = bdev_logical_block_size(io->dev->bdev);
+	io_open_node(io, path);
 	/* Metadata and worker-written data: see io_bdev_add() */
 	r = bioset_init(&io->bs, BIO_POOL_SIZE, 0, BIOSET_NEED_BVECS);
 	if (r) {
@@ -134,6 +185,7 @@ const void *qcow2_io_key(struct qcow2_io *io)
 void qcow2_io_close(struct dm_target *ti, struct qcow2_io *io)
 {
 	qcow2_io_unclaim(io);
+	io_close_node(io);
 	if (io->dev) {
 		bioset_exit(&io->bs);
 		dm_put_device(ti, io->dev);

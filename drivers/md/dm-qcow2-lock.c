@@ -11,13 +11,14 @@
  *   may write it. Tables of one mapped device (a reload: the new table is
  *   made while the old one is live) do not refuse each other.
  *
- * - Against QEMU and its tools, for image files: the byte-range locks
- *   QEMU's file driver (block/file-posix.c) takes. Each opener describes
- *   itself with shared open-file-description locks on one byte per
- *   permission: byte 100 + i while it holds permission i, byte 200 + i
- *   while it does not let others hold it. An opener that wants permission
- *   i must find no lock on byte 200 + i; one that does not share i must
- *   find none on byte 100 + i. As QEMU does, the locks are taken first
+ * - Against QEMU and its tools, on image files and on the node the table
+ *   names for an image on a block device (QEMU locks the node it opens):
+ *   the byte-range locks QEMU's file driver (block/file-posix.c) takes.
+ *   Each opener describes itself with shared open-file-description locks
+ *   on one byte per permission: byte 100 + i while it holds permission i,
+ *   byte 200 + i while it does not let others hold it. An opener that
+ *   wants permission i must find no lock on byte 200 + i; one that does
+ *   not share i must find none on byte 100 + i. As QEMU does, the locks are taken first
  *   and the others' checked after, so that of two openers racing, neither
  *   misses the other. A table that may write an image holds what a QEMU
  *   writer holds and shares what it shares; a read-only table and the
@@ -121,43 +122,43 @@ static bool byte_locked(struct file *file, loff_t off)
 }
 
 /* Take the bytes of @perm, and of what is not shared */
-static int lock_apply(struct qcow2_io *io, unsigned int perm)
+static int lock_apply(struct file *file, unsigned int perm)
 {
 	unsigned int i;
 	int r = 0;
 
 	for (i = 0; i < PERM_BITS && !r; i++) {
 		if (perm & BIT(i))
-			r = lock_byte(io->file, LOCK_PERM_BASE + i);
+			r = lock_byte(file, LOCK_PERM_BASE + i);
 		if (!r && !(SHARED_PERM & BIT(i)))
-			r = lock_byte(io->file, LOCK_SHARED_BASE + i);
+			r = lock_byte(file, LOCK_SHARED_BASE + i);
 	}
 	return r;
 }
 
-static const char *lock_check(struct qcow2_io *io, unsigned int perm)
+static const char *lock_check(struct file *file, unsigned int perm)
 {
 	unsigned int i;
 
 	for (i = 0; i < PERM_BITS; i++) {
-		if (perm & BIT(i) &&
-		    byte_locked(io->file, LOCK_SHARED_BASE + i))
+		if (perm & BIT(i) && byte_locked(file, LOCK_SHARED_BASE + i))
 			return lock_held_by_other[i];
 		if (!(SHARED_PERM & BIT(i)) &&
-		    byte_locked(io->file, LOCK_PERM_BASE + i))
+		    byte_locked(file, LOCK_PERM_BASE + i))
 			return lock_not_shared[i];
 	}
 	return NULL;
 }
 
-static int lock_file(struct dm_target *ti, struct qcow2_io *io,
-		     bool writable, bool reload)
+/* The image file, or the node of the image's block device */
+static int lock_file(struct dm_target *ti, struct file *file, bool writable,
+		     bool reload)
 {
 	unsigned int perm = writable ? WRITER_PERM : READER_PERM;
 	const char *err;
 	int r;
 
-	r = lock_apply(io, perm);
+	r = lock_apply(file, perm);
 	if (r == -ENOLCK || r == -EOPNOTSUPP || r == -EINVAL) {
 		DMWARN("%s: the file system has no byte-range locks (%d): image served unlocked",
 		       dm_table_device_name(ti->table), r);
@@ -167,7 +168,7 @@ static int lock_file(struct dm_target *ti, struct qcow2_io *io,
 		ti->error = "Image is locked by another user: cannot take QEMU's image locks";
 		return r;
 	}
-	err = reload ? NULL : lock_check(io, perm);
+	err = reload ? NULL : lock_check(file, perm);
 	if (err) {
 		ti->error = (char *)err;
 		return -EBUSY;
@@ -215,8 +216,8 @@ int qcow2_io_claim(struct dm_target *ti, struct qcow2_io *io, bool writable)
 		list_add(&io->user, &io_users);
 	}
 	mutex_unlock(&io_users_lock);
-	if (!r && io->file)
-		r = lock_file(ti, io, writable, reload);
+	if (!r && (io->file || io->node))
+		r = lock_file(ti, io->file ?: io->node, writable, reload);
 	return r;
 }
 

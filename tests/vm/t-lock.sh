@@ -273,3 +273,22 @@ test_matrix() {
 	must ln a.qcow2 link.qcow2 || return 1
 	lock_matrix "$PWD/a.qcow2" "$PWD/link.qcow2"
 }
+
+# An image on a block device: the table locks the node it names, which
+# QEMU opens (device-mapper's exclusive claim does not stop QEMU, which
+# opens nodes without O_EXCL). The node is held open through a private
+# mount of its own: /dev stays free to unmount (boot-test's bdev variant
+# unmounts the initramfs's /dev with the root on such a table).
+test_bdev_node_locked() {
+	local loop
+	l_newdir ld || return 1
+	must truncate -s 128M disk.raw || return 1
+	loop=$(losetup -f --show "$PWD/disk.raw") || return 1
+	must qemu-img create -q -f qcow2 "$loop" 64M || return 1
+	DM_LEN=131072 dm_create ld "$loop" || return 1
+	qemu_refused qemu-img info "$loop" || return 1
+	qemu_refused qemu-io -f qcow2 -c 'write 0 512' "$loop" || return 1
+	must qemu-img info -U "$loop" || return 1
+	must dm_remove ld || return 1
+	must qemu-img check "$loop"
+}
