@@ -47,14 +47,19 @@ qemu_holds() {
 	L_PIDS+=("$pid")
 	# on NFS, a lock may take its time (the server recalls state)
 	for _ in $(seq 1 900); do
-		# QEMU's locks are open file description locks: /proc/locks
-		# lists them as OFDLCK
-		grep -q OFDLCK /proc/locks && { rm -f "$out"; return 0; }
+		# QEMU's locks are open file description locks (/proc/locks:
+		# OFDLCK), or POSIX ones of its process where its probe for
+		# OFD locks failed (seen now and then on NFS)
+		grep -qE "OFDLCK|POSIX +ADVISORY +[A-Z]+ +$pid " /proc/locks &&
+			{ rm -f "$out"; return 0; }
 		kill -0 "$pid" 2>/dev/null || break
 		sleep 0.1
 	done
 	fail "qemu-io $* did not open $img: $(cat "$out")"
-	[ -z "${VERBOSE:-}" ] || cat "/proc/$pid/stack" /proc/locks >&2
+	if kill -0 "$pid" 2>/dev/null; then
+		echo "  qemu-io is waiting in:" >&2
+		cat "/proc/$pid/stack" /proc/locks >&2
+	fi
 	rm -f "$out"
 	return 1
 }
