@@ -21,7 +21,9 @@ NFS2=/tmp/nfs2
 NFS_OPTS=vers=4.2,hard,timeo=50
 
 # nfs_server_start: the server, once per guest (a restart after
-# nfs_server_stop only starts its threads again).
+# nfs_server_stop only starts its threads again). Its record of its
+# clients is kept by nfsdcld (as on a Debian server), so that after a
+# restart they reclaim their opens and locks.
 nfs_server_start() {
 	if [ -e /run/nfs-lib.started ]; then
 		rpc.nfsd --no-udp -N 3 8 || fail "rpc.nfsd restart" || return 1
@@ -33,11 +35,16 @@ nfs_server_start() {
 		return 1
 	# the root is read-only in the guest: the server's state in tmpfs
 	mount -t tmpfs -o mode=755 tmpfs /var/lib/nfs || return 1
-	# nfsdcltrack/: the server's record of its clients (kept by
-	# /sbin/nfsdcltrack, which the kernel runs), so that they may reclaim
-	# their opens and locks in the grace period after a restart
-	mkdir -p /var/lib/nfs/nfsdcltrack /var/lib/nfs/v4recovery &&
+	mkdir -p /var/lib/nfs/nfsdcld /run/rpc_pipefs &&
 		touch /var/lib/nfs/etab /var/lib/nfs/rmtab || return 1
+	# the server's record of its clients, kept across a restart by
+	# nfsdcld, so that they may reclaim their opens and locks in the grace
+	# period: it must be waiting on rpc_pipefs (Debian's place for it)
+	# before nfsd starts
+	mountpoint -q /run/rpc_pipefs ||
+		mount -t rpc_pipefs sunrpc /run/rpc_pipefs || return 1
+	nfsdcld -F >/tmp/nfsdcld.log 2>&1 &
+	sleep 2
 	echo 10 >/proc/fs/nfsd/nfsv4leasetime &&
 		echo 10 >/proc/fs/nfsd/nfsv4gracetime || return 1
 	mkdir -p "$NFS_EXPORT" || return 1
@@ -56,6 +63,17 @@ nfs_server_start() {
 # (hard mounts) until nfs_server_start.
 nfs_server_stop() {
 	rpc.nfsd 0
+}
+
+# nfs_server_forget: with the server stopped, it loses its record of its
+# clients (as a server whose state directory is lost or not kept): at the
+# next start no client may reclaim anything.
+nfs_server_forget() {
+	pkill -x nfsdcld
+	sleep 1
+	rm -f /var/lib/nfs/nfsdcld/*
+	nfsdcld -F >>/tmp/nfsdcld.log 2>&1 &
+	sleep 2
 }
 
 # nfs_netns: the second "host"'s network namespace and link, once.

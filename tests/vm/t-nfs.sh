@@ -6,10 +6,10 @@
 #     other party on the second, against two QEMU processes on the two
 #     clients as the oracle;
 #   - the server goes away and comes back (nfsd stopped and started):
-#     on a hard mount, I/O and removal wait for it; the client's locks
-#     come back with its state, or, if the server lost them, the target
-#     fails the I/O that needed them and enters fail mode; the image is
-#     never corrupt and what was flushed reads back;
+#     on a hard mount, I/O and removal wait for it; the client reclaims
+#     its locks, or, when the server lost its record of its clients, the
+#     target fails the I/O that needed them and enters fail mode; the
+#     image is never corrupt and what was flushed reads back;
 #   - the server goes away for good under a soft mount: I/O fails, the
 #     target enters fail mode and can be removed, and once the server is
 #     back the image is not corrupt and holds what was flushed.
@@ -71,19 +71,23 @@ test_lock_matrix_two_hosts() {
 	lock_matrix "$img" "$(on_nfs2 "$img")"
 }
 
-# The server stops under a writable table on a hard mount: a write and
-# its flush wait for it. When it is back, the client reclaims its opens
-# and locks if the server kept its record of the client (nfsdcld on a
-# real server): the write completes and the second client is still
-# refused. A server that lost its records refuses the reclaim: the NFS
-# client says "lost N locks" and fails I/O under the lost locks, and the
-# target enters fail mode (nobody guarantees any more that it is the
-# image's only writer). Either way, removal while the server is down
-# waits for it and then completes, nothing is corrupt, what was flushed
-# before reads back, and a new table takes the locks again.
-test_server_restart() {
-	local img pid rc=0 reclaimed=1
-	l_newdir nr || return 1
+# restart_case keep|forget: the server stops under a writable table on a
+# hard mount: a write and its flush wait for it, and so does removal.
+#   keep:   the server keeps its record of its clients (nfsdcld): when it
+#           is back, the client reclaims its opens and locks in the grace
+#           period, the write completes, the second client is still
+#           refused, and removal (with the server down again) writes
+#           everything back once it returns.
+#   forget: the server comes back without that record: the reclaim is
+#           refused, the NFS client says "lost N locks" and fails I/O
+#           under them, and the target fails the write and enters fail
+#           mode (nobody guarantees any more that it is the image's only
+#           writer); removal completes once the server is back.
+# Either way nothing is corrupt, what was flushed before the outage reads
+# back, and a new table takes the locks again.
+restart_case() {
+	local mode=$1 img pid rc=0
+	l_newdir "nr-$mode" || return 1
 	trap n_cleanup EXIT
 	img=$PWD/a.qcow2
 	must qemu-img create -q -f qcow2 "$img" 64M || return 1
@@ -91,6 +95,7 @@ test_server_restart() {
 	must n_write /dev/mapper/nr 0xa1 0 8M || return 1
 
 	nfs_server_stop || fail "cannot stop nfsd" || return 1
+	[ "$mode" = keep ] || nfs_server_forget || return 1
 	n_write /dev/mapper/nr 0xa2 8M 8M &
 	pid=$!
 	sleep 5
@@ -99,21 +104,22 @@ test_server_restart() {
 	must nfs_server_start || return 1
 	bg_wait $pid 180 || rc=$?
 	[ $rc != 2 ] || return 1
-	if [ $rc = 0 ]; then
-		log "the client reclaimed its locks; the write completed"
+	if [ "$mode" = keep ]; then
+		[ $rc = 0 ] || fail "the write failed after the server came back" ||
+			return 1
 		qemu_refused qemu-img info "$(on_nfs2 "$img")" || return 1
 		# dirty metadata for the removal below to write back
 		qemu-io -f raw -t none -c "write -P 0xa3 16M 8M" \
 			/dev/mapper/nr >/dev/null || fail "write 0xa3" || return 1
 	else
-		reclaimed=
+		[ $rc != 0 ] || fail "the write completed without its lock" ||
+			return 1
 		dmesg | tail -n 50 | grep -qE 'NFS: .*lost [0-9]+ locks' ||
 			fail "the write failed, but no lock was lost" || return 1
 		[ "$(dm_mode nr)" = fail ] ||
 			fail "mode $(dm_mode nr) after the locks were lost" ||
 			return 1
-		log "the server lost the client's locks: the write failed," \
-			"mode $(dm_mode nr)"
+		log "locks lost: the write failed, mode $(dm_mode nr)"
 	fi
 
 	nfs_server_stop || return 1
@@ -129,7 +135,7 @@ test_server_restart() {
 		return 1
 
 	no_corruption "$img" && n_read_back "$img" 0xa1 0 8M || return 1
-	if [ -n "$reclaimed" ]; then
+	if [ "$mode" = keep ]; then
 		n_read_back "$img" 0xa2 8M 8M && n_read_back "$img" 0xa3 16M 8M ||
 			return 1
 	fi
@@ -138,6 +144,9 @@ test_server_restart() {
 	qemu_refused qemu-img info "$(on_nfs2 "$img")" || return 1
 	must dm_remove nr
 }
+
+test_server_restart()	{ restart_case keep; }
+test_server_forgets()	{ restart_case forget; }
 
 # The server goes away under a soft mount: writes and the flush fail
 # within seconds, the target enters fail mode, removal completes with the
