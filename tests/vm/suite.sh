@@ -33,15 +33,13 @@ SUITE_CORE=(t-module.sh:autoload
 	t-module.sh:unload)
 # SUITE_NFS: images on NFS (tests/vm/nfs-lib.sh): t-nfs.sh's own cases,
 # and cases of the write, crash and lock tests with their images there.
-# A job of its own by hand (QCOW2_SUITE_NFS=1 scripts/run-tests), not yet
-# in CI: its two-client lock matrix once waited 30 s and more for a lock.
 SUITE_NFS=(t-nfs.sh
 	'nfs:t-write.sh:^test_(m03_c4k_v3_rb1_file|m05_c64k_v3_rb64_loop|m06_c64k_v2_file|fs_ext4|gather_c64k_file|conc_overlap|span_mixed_file|status)$'
 	'nfs:t-crash.sh:^test_(l2_alloc|gathered)$' nfs:t-lock.sh)
 SUITE_JOBS=(t-write.sh t-crash.sh
 	't-module.sh:autoload t-read.sh t-refuse.sh t-module.sh:unload'
 	"kernel=6.12 ${SUITE_CORE[*]}" 't-users.sh t-race.sh t-lock.sh'
-	${QCOW2_SUITE_NFS:+"${SUITE_NFS[*]}"}
+	"${SUITE_NFS[*]}"
 	't-feature.sh:^test_([^s]|s[^c]|sc_[^c]|sc_c[^12]|sc_co)'
 	t-pressure.sh t-fault.sh t-mutate.sh
 	't-corrupt.sh:^test_[a-z0-9_]*[^p]$'
