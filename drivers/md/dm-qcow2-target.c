@@ -462,6 +462,7 @@ static void qcow2_io_hints(struct dm_target *ti, struct queue_limits *limits)
 						  q->io.lbs);
 	}
 	limits->io_opt = q->hdr.cluster_size;
+	qcow2_no_wzeroes_unmap(limits);
 	if (q->writable) {
 		/* Only whole clusters are dropped; keep each bio bounded */
 		limits->discard_granularity = q->hdr.cluster_size;

@@ -61,6 +61,24 @@
 #define QCOW2_BVEC_DONE(iter)	((iter).bi_offset)
 #endif
 
+/*
+ * 6.17: a queue may say that its write-zeroes bios unmap; the block layer
+ * refuses limits where that bound is set and differs from
+ * max_write_zeroes_sectors, and stacking starts it at UINT_MAX. The target
+ * sets its own write-zeroes bound, and does not promise that zeroing
+ * unmaps: none.
+ */
+#ifdef QCOW2_HAVE_WZEROES_UNMAP	/* set by Kbuild */
+static inline void qcow2_no_wzeroes_unmap(struct queue_limits *limits)
+{
+	limits->max_hw_wzeroes_unmap_sectors = 0;
+}
+#else
+static inline void qcow2_no_wzeroes_unmap(struct queue_limits *limits)
+{
+}
+#endif
+
 /* 6.7: shrinkers are allocated by the shrinker core */
 #ifdef SHRINKER_ALLOCATED
 #define QCOW2_SHRINKER_ALLOC
