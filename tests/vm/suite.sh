@@ -19,10 +19,11 @@
 # own, as one list for a single guest (autoload first, unload last), as
 # scripts/debug-kernel runs it.
 # shellcheck disable=SC2034 # used by the scripts that source this
-# Seconds a job took in a local run (two lanes, 1-vCPU guests): t-write
-# 1007, t-crash 888 (with its host check), t-read and t-refuse 636, the
-# 6.12 core set 561, t-feature 502, t-pressure 391, t-fault 351, t-mutate
-# 237, t-corrupt 231, boot-test 87.
+# Seconds a job took in a fresh-clone CI run (two lanes, 1-vCPU guests):
+# t-write 785, t-crash 713 (with its host check), the NFS job 491,
+# users/race/lock 457, t-read and t-refuse 448, the 6.12 core set 380,
+# t-feature 363, t-pressure 205, t-fault 200, t-corrupt 146,
+# t-mutate 124, boot-test 45.
 SUITE_CORE=(t-module.sh:autoload
 	't-read.sh:^test_(v2_c4k|v3_c64k|v3_c2m|status_and_table|zero_alloc)$'
 	't-write.sh:^test_(m03_c4k_v3_rb1_file|m05_c64k_v3_rb64_loop|fs_ext4|gather_c64k_file|resume_refused|status)$'
