@@ -47,31 +47,35 @@ static void io_open_node(struct qcow2_io *io, const char *path)
 	if (!S_ISBLK(inode->i_mode) || inode->i_rdev != io->dev->bdev->bd_dev)
 		goto out;
 	mnt = clone_private_mount(&node);
-	if (IS_ERR(mnt))
-		goto out;
-	priv.mnt = mnt;
-	priv.dentry = mnt->mnt_root;
-	f = dentry_open(&priv, O_RDONLY | O_NONBLOCK | O_LARGEFILE,
-			current_cred());
-	if (IS_ERR(f)) {
-		kern_unmount(mnt);
-		goto out;
+	f = ERR_CAST(mnt);
+	if (!IS_ERR(mnt)) {
+		priv.mnt = mnt;
+		priv.dentry = mnt->mnt_root;
+		f = dentry_open(&priv, O_RDONLY | O_NONBLOCK | O_LARGEFILE,
+				current_cred());
+		if (IS_ERR(f))
+			kern_unmount(mnt);
 	}
-	io->node = f;
-	io->node_mnt = mnt;
+	if (IS_ERR(f))
+		DMWARN("%s: node not locked for QEMU (%ld)", path,
+		       PTR_ERR(f));
+	else
+		io->node = f;
 out:
 	path_put(&node);
 }
 
 static void io_close_node(struct qcow2_io *io)
 {
+	/* the private mount: the file's, and the reference cloning gave us */
+	struct vfsmount *mnt;
+
 	if (!io->node)
 		return;
-	/* the file's own reference keeps the mount until it is released */
+	mnt = io->node->f_path.mnt;
 	fput(io->node);
-	kern_unmount(io->node_mnt);
+	kern_unmount(mnt);
 	io->node = NULL;
-	io->node_mnt = NULL;
 }
 
 static int io_open_bdev(struct dm_target *ti, struct qcow2_io *io,

@@ -113,8 +113,7 @@ void qcow2_pool_put(struct qcow2_pool *p, void *element);
 struct qcow2_io {
 	struct dm_dev *dev;		/* block device backend, or NULL */
 	struct file *file;		/* regular file backend, or NULL */
-	struct file *node;		/* a device's node, for its locks */
-	struct vfsmount *node_mnt;	/* node's private mount */
+	struct file *node;		/* a device's node, for locks (own mount) */
 	u64 size;			/* bytes (a file: as it grows) */
 	unsigned int lbs;		/* logical block size below us */
 	bool dio;			/* file data uses direct I/O */
