@@ -14,14 +14,14 @@
  * - Against QEMU and its tools, on image files and on the node the table
  *   names for an image on a block device (QEMU locks the node it opens):
  *   the byte-range locks QEMU's file driver (block/file-posix.c) takes.
- *   Each opener describes itself with shared open-file-description locks
- *   on one byte per permission: byte 100 + i while it holds permission i,
- *   byte 200 + i while it does not let others hold it. An opener that
- *   wants permission i must find no lock on byte 200 + i; one that does
- *   not share i must find none on byte 100 + i. As QEMU does, the locks are taken first
- *   and the others' checked after, so that of two openers racing, neither
- *   misses the other. A table that may write an image holds what a QEMU
- *   writer holds and shares what it shares; a read-only table and the
+ *   Each opener describes itself with shared open-file-description locks on
+ *   one byte per permission: byte 100 + i while it holds permission i,
+ *   byte 200 + i while it does not let others hold it. An opener that wants
+ *   permission i must find no lock on byte 200 + i; one that does not share
+ *   i must find none on byte 100 + i. As QEMU does, the locks are taken
+ *   first and the others' checked after, so that of two openers racing,
+ *   neither misses the other. A table that may write an image holds what a
+ *   QEMU writer holds and shares what it shares; a read-only table and the
  *   backing images are locked as a QEMU reader locks them. The locks go
  *   with the file when the table closes it. Where the file system has no
  *   such locks the image is served unlocked, with a warning, as QEMU's
