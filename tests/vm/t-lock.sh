@@ -45,8 +45,7 @@ qemu_holds() {
 	qemu-io "$@" -c 'sleep 600000' "$img" >"$out" 2>&1 &
 	pid=$!
 	L_PIDS+=("$pid")
-	# on NFS, a lock may take its time (the server recalls state)
-	for _ in $(seq 1 900); do
+	for _ in $(seq 1 300); do
 		# QEMU's locks are open file description locks (/proc/locks:
 		# OFDLCK), or POSIX ones of its process where its probe for
 		# OFD locks failed (seen now and then on NFS)
@@ -217,7 +216,8 @@ lock_hold() {
 # or "refused" (refused on a lock or in-use error only, anything else is
 # "error: ..."), and lets the image go again.
 lock_try() {
-	local opts out
+	local -a opts=()
+	local out
 	case $1 in
 	dm_rw | dm_ro)
 		[ "$1" = dm_rw ] || opts=(--readonly)
