@@ -8,6 +8,9 @@
  * Feature arguments:
  *   cache_size <bytes>	memory bound of the L2 slice cache (suffixes
  *			k, m, g accepted; default 4 MiB)
+ *   backing <path>	the next image of the backing chain, nearest first
+ *   snapshot <id>	serve this internal snapshot (read-only tables)
+ *   grow		a <length> beyond the virtual size grows the image
  *
  * A writable table serves the image read-write; a read-only one
  * (dmsetup create --readonly) never writes to it.
@@ -91,8 +94,8 @@ static int parse_features(struct qcow2 *q, struct dm_arg_set *as,
 			  char **error)
 {
 	static const struct dm_arg _args[] = {
-		/* backing <path> each, cache_size <bytes>, snapshot <id> */
-		{0, 2 * QCOW2_MAX_CHAIN + 4,
+		/* backing <path> each, cache_size, snapshot, grow */
+		{0, 2 * QCOW2_MAX_CHAIN + 5,
 		 "Invalid number of feature arguments"},
 	};
 	unsigned int argc;
@@ -124,6 +127,9 @@ static int parse_features(struct qcow2 *q, struct dm_arg_set *as,
 		} else if (!strcasecmp(arg, "snapshot")) {
 			*error = "snapshot needs one id or name";
 			r = -EINVAL;
+		} else if (!strcasecmp(arg, "grow")) {
+			q->grow = true;
+			r = 0;
 		} else if (!strcasecmp(arg, "cache_size")) {
 			*error = "cache_size needs a value";
 			r = -EINVAL;
@@ -176,8 +182,10 @@ static int check_table(struct dm_target *ti, struct qcow2 *q)
 }
 
 /*
- * A length beyond the virtual size grows the image at resume (a writable
- * table of the active image only; see qcow2_grow_check()).
+ * A length beyond the virtual size grows the image at resume, only when
+ * asked (the grow feature argument: a mistyped length must not change the
+ * image for good), and only for a writable table of the active image (see
+ * qcow2_grow_check()).
  */
 static int check_length(struct dm_target *ti, struct qcow2 *q)
 {
@@ -188,6 +196,10 @@ static int check_length(struct dm_target *ti, struct qcow2 *q)
 		return 0;
 	if (!q->writable || q->snapshot) {
 		ti->error = "Device length exceeds the image's virtual size";
+		return -EINVAL;
+	}
+	if (!q->grow) {
+		ti->error = "Device length exceeds the virtual size (needs the grow argument)";
 		return -EINVAL;
 	}
 	/* Device mapper refuses lengths past LLONG_MAX bytes: no wrap */

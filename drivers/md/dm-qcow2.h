@@ -303,6 +303,7 @@ struct qcow2 {
 	const char *backing_paths[QCOW2_MAX_CHAIN];	/* during ctr only */
 	unsigned int nr_backing;
 	char *snapshot;			/* read-only: serve this snapshot */
+	bool grow;			/* the table may grow the image */
 	u64 grow_to;			/* virtual size to grow to at resume */
 
 	u64 *l1;			/* active L1 table, CPU byte order */

@@ -550,7 +550,7 @@ test_l1_move() {
 		io_step "$k" $((k % 250 + 1)) "$((k * 130560)) 1536" || return 1
 	done
 	must dmsetup suspend q &&
-		must dmsetup load q --table "0 $((8 << 11)) qcow2 /dev/mapper/lw" &&
+		must dmsetup load q --table "0 $((8 << 11)) qcow2 /dev/mapper/lw 1 grow" &&
 		must dmsetup resume q || return 1
 	for k in $(seq 7 18); do
 		w=("$((k * 430080 + 512)) 2048" "$((k * 4096)) 512")

@@ -709,12 +709,13 @@ test_messages() {
 
 # ---- online grow ----------------------------------------------------------------
 
-# A table reload with a larger length grows the image at resume; data on
-# both sides of the old end is kept, qemu sees the new size; growing a
-# read-only table, or past what the L1 table's clusters can map, is
-# refused.
+# A table reload with a larger length and the grow feature argument grows
+# the image at resume; data on both sides of the old end is kept, qemu
+# sees the new size. A larger length without "grow" is refused and leaves
+# the image as it was (the table before it stays live); so is growing a
+# read-only table, or past what the L1 table's clusters can map.
 test_grow() {
-	local img
+	local img sum
 	dm_only || return 0
 	newdir gr || return 1
 	img=$PWD/g.qcow2
@@ -722,8 +723,19 @@ test_grow() {
 	dm_create gr "$img" || return 1
 	qio -n -f raw -c "write -P 0x41 $((64 * 1048576 - 8192)) 8192" \
 		/dev/mapper/gr || return 1
+	must dmsetup message gr 0 flush || return 1
+	sum=$(md5sum <"$img")
+	dmsetup load gr --table "0 $((256 << 11)) qcow2 $img" 2>/dev/null &&
+		fail "a longer table without grow was loaded" && return 1
+	dmesg | tail -n 5 | grep -qF "needs the grow argument" ||
+		fail "refusal without grow: $(last_dm_error)" || return 1
+	[ "$(md5sum <"$img")" = "$sum" ] ||
+		fail "the refused table changed the image" || return 1
+	[ "$(blockdev --getsize64 /dev/mapper/gr)" = $((64 << 20)) ] ||
+		fail "device size $(blockdev --getsize64 /dev/mapper/gr)" ||
+		return 1
 	must dmsetup suspend gr &&
-		must dmsetup load gr --table "0 $((256 << 11)) qcow2 $img" &&
+		must dmsetup load gr --table "0 $((256 << 11)) qcow2 $img 1 grow" &&
 		must dmsetup resume gr || return 1
 	[ "$(blockdev --getsize64 /dev/mapper/gr)" = $((256 << 20)) ] ||
 		fail "device size $(blockdev --getsize64 /dev/mapper/gr)" ||
@@ -743,12 +755,12 @@ test_grow() {
 		-c "read -P 0 $((128 << 20)) 1M" "$img" || return 1
 	log "grown from 64 MiB to 256 MiB"
 
-	DM_LEN=$((512 << 11)) expect_refused gr "$img" \
+	DM_LEN=$((512 << 11)) expect_refused gr "$img 1 grow" \
 		"Device length exceeds the image's virtual size" --readonly ||
 		return 1
 	must qemu-img create -q -f qcow2 -o cluster_size=512 small.qcow2 1M ||
 		return 1
-	DM_LEN=$((256 << 21)) expect_refused gr "$PWD/small.qcow2" \
+	DM_LEN=$((256 << 21)) expect_refused gr "$PWD/small.qcow2 1 grow" \
 		"Growing this much needs an L1 table over 32 MiB" || return 1
 	cd .. && rm -rf gr
 }
@@ -772,7 +784,7 @@ grow_move_case() {
 	fi
 	dm_create gm "$dev" || return 1
 	must dmsetup suspend gm &&
-		must dmsetup load gm --table "0 $((new / 512)) qcow2 $dev" &&
+		must dmsetup load gm --table "0 $((new / 512)) qcow2 $dev 1 grow" &&
 		must dmsetup resume gm || { dm_remove gm; return 1; }
 	qio -n -f raw -c "write -P 0x53 $((new - 8192)) 8k" \
 		-c "write -P 0x54 $((new / 2 + 512)) 1k" -c "write -P 0x55 4k 4k" \

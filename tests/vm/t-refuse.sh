@@ -99,7 +99,7 @@ test_table_limits() {
 	else
 		fail "20 feature arguments: $(last_dm_error)"; bad=1
 	fi
-	DM_LEN=$((1 << 52)) expect_refused lim "$img" \
+	DM_LEN=$((1 << 52)) expect_refused lim "$img 1 grow" \
 		"Growing this much needs an L1 table over 32 MiB" || bad=1
 	must qemu-img check -q "$img" || bad=1
 	[ "$(img_sectors "$img")" -eq $((16 << 11)) ] ||
