@@ -167,6 +167,101 @@ test_helper_refusals() {
 	u_check "$img"
 }
 
+# json_field FIELD: FIELD of the JSON object on stdin ("-" for null)
+json_field() {
+	python3 -c 'import json, sys
+v = json.load(sys.stdin)[sys.argv[1]]
+print("-" if v is None else str(v).lower() if isinstance(v, bool) else v)' "$1"
+}
+
+# Managing devices: the QCOW2- uuid, list and status (text and JSON) with
+# the kernel's counters, resize growing the image of a device in use (and
+# what it refuses), a snapshot served read-only at its own size.
+test_helper_manage() {
+	local img out js
+	trap u_cleanup EXIT
+	u_newdir manage || return 1
+	img=$PWD/m.qcow2
+	must qemu-img create -q -f qcow2 "$img" 64M || return 1
+	must qemu-io -f qcow2 -c "write -P 0x31 0 1M" "$img" || return 1
+	must qemu-img snapshot -c snap1 "$img" || return 1
+	must "$QD" create um "$img" || return 1
+	[ "$(dmsetup info -c --noheadings -o uuid um)" = QCOW2-um ] ||
+		fail "uuid '$(dmsetup info -c --noheadings -o uuid um)'" || return 1
+	must qemu-io -f raw -c "write -P 0x32 1M 1M" /dev/mapper/um || return 1
+
+	out=$("$QD" list) || fail "list failed" || return 1
+	log "list: ${out//$'\n'/ | }"
+	echo "$out" | grep -Eq "^um +$img +- +rw +64.0M +2.[0-9]M\$" ||
+		fail "list: $out" || return 1
+	js=$("$QD" status um --json) || fail "status --json failed" || return 1
+	[ "$(json_field mode <<<"$js")" = rw ] &&
+		[ "$(json_field size <<<"$js")" = $((64 << 20)) ] &&
+		[ "$(json_field health <<<"$js")" = ok ] &&
+		[ "$(json_field image <<<"$js")" = "$img" ] &&
+		[ "$(json_field allocated_clusters <<<"$js")" -ge 32 ] ||
+		fail "status --json: $js" || return 1
+	out=$("$QD" status um) || fail "status failed" || return 1
+	case $out in
+	"/dev/mapper/um is active and is not in use."*"mode:"*rw*"cluster_size:"*65536*) ;;
+	*) fail "status: $out"; return 1 ;;
+	esac
+	[ "$("$QD" list --json | python3 -c 'import json,sys; print(len(json.load(sys.stdin)))')" = 1 ] ||
+		fail "list --json" || return 1
+
+	# resize: in use (open by a process), refusals first
+	sleep 60 7<>/dev/mapper/um &
+	local pid=$!
+	expect_msg "shrinking is not supported" "$QD" resize um 32M ||
+		{ kill $pid; return 1; }
+	expect_msg "not a whole number of 512-byte sectors" \
+		"$QD" resize um 67109000 || { kill $pid; return 1; }
+	expect_msg "size 12q" "$QD" resize um 12q || { kill $pid; return 1; }
+	must "$QD" resize um 96M || { kill $pid; return 1; }
+	must "$QD" resize um +32M || { kill $pid; return 1; }
+	kill $pid
+	wait $pid 2>/dev/null
+	[ "$(blockdev --getsize64 /dev/mapper/um)" = $((128 << 20)) ] ||
+		fail "size after resize $(blockdev --getsize64 /dev/mapper/um)" ||
+		return 1
+	case " $(dmsetup table um) " in
+	*" grow "*) ;;
+	*) fail "no grow in the table: $(dmsetup table um)"; return 1 ;;
+	esac
+	must qemu-io -f raw -c "write -P 0x33 $((128 * 1048576 - 4096)) 4k" \
+		/dev/mapper/um || return 1
+	must "$QD" remove um || return 1
+	[ "$(qemu-img info --output=json "$img" | json_field virtual-size)" = \
+		$((128 << 20)) ] || fail "qemu sees another size" || return 1
+	u_check "$img" || return 1
+	must qemu-io -r -f qcow2 -c "read -P 0x31 0 1M" -c "read -P 0x32 1M 1M" \
+		-c "read -P 0x33 $((128 * 1048576 - 4096)) 4k" \
+		-c "read -P 0 64M 1M" "$img" || return 1
+
+	# A snapshot: read-only at its own size, as qemu reads it; no resize
+	must "$QD" create us "$img" --snapshot snap1 || return 1
+	dmsetup info us | grep -q '^State:.*READ-ONLY' ||
+		fail "the snapshot device is writable" || return 1
+	[ "$(blockdev --getsize64 /dev/mapper/us)" = $((64 << 20)) ] ||
+		fail "snapshot size $(blockdev --getsize64 /dev/mapper/us)" ||
+		return 1
+	must qemu-img convert -U -O raw -l snapshot.name=snap1 "$img" s.raw ||
+		return 1
+	# qemu-img convert -l reads it at the current size, zeros past its own
+	must cmp -n $((64 << 20)) s.raw /dev/mapper/us || return 1
+	[ "$("$QD" status us --json | json_field snapshot)" = snap1 ] ||
+		fail "status does not name the snapshot" || return 1
+	expect_msg "us is read-only" "$QD" resize us 1G || return 1
+	must "$QD" remove us || return 1
+	expect_msg 'no snapshot "nosuch"' "$QD" create us "$img" \
+		--snapshot nosuch || return 1
+	expect_msg "no device-mapper device named us" "$QD" status us || return 1
+	must dmsetup create uz --table "0 8 zero" || return 1
+	expect_msg "uz is not a qcow2 device" "$QD" resize uz 1M || return 1
+	must dmsetup remove uz || return 1
+	u_check "$img"
+}
+
 # A backing chain (raw base, qcow2 middle, qcow2 top): the table names it
 # nearest first. Until the target serves chains, create must fail and show
 # the kernel's reason; once it does, the device must read as qemu does.
@@ -184,6 +279,14 @@ test_helper_chain() {
 	want="$want backing $PWD/base.raw cache_size 1m"
 	out=$("$QD" table top.qcow2 --cache-size 1m)
 	[ "$out" = "$want" ] || fail "table '$out', want '$want'" || return 1
+	# The chain named by hand: the same table; a wrong one is the
+	# kernel's to refuse, with its reason shown
+	out=$("$QD" table top.qcow2 --backing mid.qcow2 --backing base.raw \
+		--cache-size 1m)
+	[ "$out" = "$want" ] || fail "table with --backing '$out'" || return 1
+	expect_msg "kernel: device-mapper: table:" "$QD" create ux top.qcow2 \
+		--readonly --backing base.raw || return 1
+	dmsetup info ux >/dev/null 2>&1 && fail "ux was created" && return 1
 	# A missing backing file is reported by name
 	must mv base.raw base.moved || return 1
 	expect_msg "base.raw" "$QD" table top.qcow2 || return 1
