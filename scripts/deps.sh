@@ -12,11 +12,12 @@ set -euo pipefail
 # debhelper, dh-dkms, lintian: the packages (debian/, scripts/pkg-check).
 # nfs-kernel-server: the NFS server and client tools the guest runs for
 # the images-on-NFS cases (tests/vm/nfs-lib.sh).
+# debootstrap: the Debian 12 roots of scripts/distro-test and pkg-check.
 PACKAGES="build-essential qemu-system-x86 qemu-utils linux-image-amd64
 linux-headers-amd64 linux-image-6.12-amd64 linux-headers-6.12-amd64
 busybox-static fio kmod cpio e2fsprogs xfsprogs lvm2 dmsetup util-linux
 python3 sparse linux-source-6.1 gnuplot-nox dkms psmisc clang debhelper
-dh-dkms lintian nfs-kernel-server"
+dh-dkms lintian nfs-kernel-server debootstrap"
 
 missing=()
 for p in $PACKAGES "$@"; do

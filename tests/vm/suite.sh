@@ -7,8 +7,10 @@
 # SUITE_JOBS: the suite in groups of specs, one guest boot each, the
 # longest first; scripts/run-tests runs them in lanes side by side (each
 # guest keeps about one host core busy), and "boot-test" stands for
-# scripts/boot-test. Every guest starts without the module; the job
-# holding t-module.sh checks that it loads on demand and unloads.
+# scripts/boot-test, "distro-test" for scripts/distro-test (a Debian 12
+# guest with systemd and the packages). Every guest starts without the
+# module; the job holding t-module.sh checks that it loads on demand and
+# unloads.
 # t-pressure.sh needs a guest of its own (512 MiB, two raw disks:
 # scripts/run-tests gives it one, see vm_args there). "demo" stands for
 # the README's main job (scripts/demo, with the module already built), and
@@ -45,7 +47,7 @@ SUITE_JOBS=(t-write.sh t-crash.sh
 	't-feature.sh:^test_([^s]|s[^c]|sc_[^c]|sc_c[^12]|sc_co)'
 	t-pressure.sh t-fault.sh t-mutate.sh
 	't-corrupt.sh:^test_[a-z0-9_]*[^p]$'
-	boot-test demo)
+	boot-test distro-test demo)
 
 SUITE_SPECS=(t-module.sh:autoload)
 for _job in "${SUITE_JOBS[@]}"; do
@@ -53,7 +55,7 @@ for _job in "${SUITE_JOBS[@]}"; do
 	[[ ${_specs[0]} != kernel=* ]] || continue
 	for _spec in "${_specs[@]}"; do
 		case $_spec in
-		boot-test | demo | t-module.sh:* | t-pressure.sh*) ;;
+		boot-test | distro-test | demo | t-module.sh:* | t-pressure.sh*) ;;
 		# the debug kernel has no network nor NFS (yet)
 		t-nfs.sh* | nfs:*) ;;
 		*) SUITE_SPECS+=("$_spec") ;;
