@@ -6,11 +6,11 @@
 #
 # SUITE_JOBS: the suite in groups of specs, one guest boot each, the
 # longest first; scripts/run-tests runs them in lanes side by side (each
-# guest keeps about one host core busy), and "boot-test" stands for
-# scripts/boot-test, "distro-test" for scripts/distro-test (a Debian 12
-# guest with systemd and the packages). Every guest starts without the
-# module; the job holding t-module.sh checks that it loads on demand and
-# unloads.
+# guest keeps about one host core busy), and "distro-test" stands for
+# scripts/distro-test (Debian 12 guests with systemd and the packages,
+# qcow2tab devices and the root in a qcow2 image). Every guest starts
+# without the module; the job holding t-module.sh checks that it loads on
+# demand and unloads.
 # t-pressure.sh needs a guest of its own (512 MiB, two raw disks:
 # scripts/run-tests gives it one, see vm_args there). "demo" stands for
 # the README's main job (scripts/demo, with the module already built), and
@@ -26,7 +26,7 @@
 # t-write 785, t-crash 713 (with its host check), the NFS job 491,
 # users/race/lock 457, t-read and t-refuse 448, the 6.12 core set 380,
 # t-feature 363, t-pressure 205, t-fault 200, t-corrupt 146,
-# t-mutate 124, boot-test 45.
+# t-mutate 124.
 SUITE_CORE=(t-module.sh:autoload
 	't-read.sh:^test_(v2_c4k|v3_c64k|v3_c2m|status_and_table|zero_alloc)$'
 	't-write.sh:^test_(m03_c4k_v3_rb1_file|m05_c64k_v3_rb64_loop|fs_ext4|gather_c64k_file|resume_refused|status)$'
@@ -43,11 +43,11 @@ SUITE_NFS=(t-nfs.sh
 SUITE_JOBS=(t-write.sh t-crash.sh
 	't-module.sh:autoload t-read.sh t-refuse.sh t-module.sh:unload'
 	"kernel=6.12 ${SUITE_CORE[*]}" 't-users.sh t-race.sh t-lock.sh'
-	"${SUITE_NFS[*]}"
+	"${SUITE_NFS[*]}" distro-test
 	't-feature.sh:^test_([^s]|s[^c]|sc_[^c]|sc_c[^12]|sc_co)'
 	t-pressure.sh t-fault.sh t-mutate.sh
 	't-corrupt.sh:^test_[a-z0-9_]*[^p]$'
-	boot-test distro-test demo)
+	demo)
 
 SUITE_SPECS=(t-module.sh:autoload)
 for _job in "${SUITE_JOBS[@]}"; do
@@ -55,7 +55,7 @@ for _job in "${SUITE_JOBS[@]}"; do
 	[[ ${_specs[0]} != kernel=* ]] || continue
 	for _spec in "${_specs[@]}"; do
 		case $_spec in
-		boot-test | distro-test | demo | t-module.sh:* | t-pressure.sh*) ;;
+		distro-test | demo | t-module.sh:* | t-pressure.sh*) ;;
 		# the debug kernel has no network nor NFS (yet)
 		t-nfs.sh* | nfs:*) ;;
 		*) SUITE_SPECS+=("$_spec") ;;
