@@ -19,8 +19,7 @@
 # (read, write, a crash sample, one case of each feature kind).
 # SUITE_SPECS: the specs of SUITE_JOBS but those needing a guest of their
 # own, as one list for a single guest (autoload first, unload last), as
-# scripts/debug-kernel runs it; without the NFS ones, as its kernel has
-# no network.
+# scripts/debug-kernel runs it.
 # shellcheck disable=SC2034 # used by the scripts that source this
 # Seconds a job took in a fresh-clone CI run (two lanes, 1-vCPU guests):
 # t-write 785, t-crash 713 (with its host check), the NFS job 491,
@@ -56,8 +55,6 @@ for _job in "${SUITE_JOBS[@]}"; do
 	for _spec in "${_specs[@]}"; do
 		case $_spec in
 		distro-test | demo | t-module.sh:* | t-pressure.sh*) ;;
-		# the debug kernel has no network nor NFS (yet)
-		t-nfs.sh* | nfs:*) ;;
 		*) SUITE_SPECS+=("$_spec") ;;
 		esac
 	done

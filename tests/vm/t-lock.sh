@@ -282,8 +282,8 @@ test_matrix() {
 # An image on a block device: the table locks the node it names, which
 # QEMU opens (device-mapper's exclusive claim does not stop QEMU, which
 # opens nodes without O_EXCL). The node is held open through a private
-# mount of its own: /dev stays free to unmount (boot-test's bdev variant
-# unmounts the initramfs's /dev with the root on such a table).
+# mount of its own: /dev stays free to unmount (an initramfs moves its
+# /dev away with the root on such a table: distro-test's bdev boots).
 test_bdev_node_locked() {
 	local loop
 	l_newdir ld || return 1
