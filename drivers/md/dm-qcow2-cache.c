@@ -151,7 +151,7 @@ static void cache_put(struct qcow2_cache *c, struct qcow2_slice *s)
 }
 
 /*
- * Find memory for one more slice, under c->lock: reuse the least recently
+ * Find memory for one more slice: reuse the least recently
  * used unpinned slice, or reserve room for a new one below the bound
  * (unless @no_mem: the allocator and the spare list had none). Returns
  * the reused slice, NULL with *reserved set, or NULL when the caller must
@@ -162,6 +162,7 @@ static struct qcow2_slice *cache_reclaim(struct qcow2_cache *c, bool no_mem,
 {
 	struct qcow2_slice *s;
 
+	lockdep_assert_held(&c->lock);
 	*reserved = false;
 	/*
 	 * Writeback failed for good: dirty slices will never leave, so go

@@ -254,7 +254,6 @@ static int ext_bitmaps(struct qcow2_header *h, u32 len, const char **err)
 		return 0;
 	if (len != 24)
 		return fail(err, "Bitmaps extension has a bad length", -EINVAL);
-	h->extensions |= QCOW2_HAS_BITMAPS;
 	return 0;
 }
 
@@ -268,15 +267,12 @@ static int ext_one(struct qcow2_header *h, u32 type, u32 off, u32 len,
 		return ext_crypto(h, len, err);
 	case QCOW2_EXT_BITMAPS:
 		return ext_bitmaps(h, len, err);
-	case QCOW2_EXT_FEATURE_TABLE:
-		h->extensions |= QCOW2_HAS_FEATURE_TABLE;
-		return 0;
-	case QCOW2_EXT_DATA_FILE:
-		h->extensions |= QCOW2_HAS_DATA_FILE;
-		return 0;
 	default:
-		/* Unknown extensions are preserved, never interpreted */
-		h->extensions |= QCOW2_HAS_UNKNOWN;
+		/*
+		 * The feature name table, the external data file name (such
+		 * images are refused by their incompatible bit) and unknown
+		 * extensions: preserved, never interpreted.
+		 */
 		return 0;
 	}
 }

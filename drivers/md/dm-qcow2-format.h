@@ -66,13 +66,9 @@
 #define QCOW2_EXT_CRYPTO		0x0537be77U
 #define QCOW2_EXT_DATA_FILE		0x44415441U
 
-/* Bits of struct qcow2_header.extensions: which extensions were found */
+/* Bits of struct qcow2_header.extensions: extensions found and used */
 #define QCOW2_HAS_BACKING_FORMAT	BIT(0)
-#define QCOW2_HAS_FEATURE_TABLE		BIT(1)
-#define QCOW2_HAS_BITMAPS		BIT(2)
-#define QCOW2_HAS_CRYPTO		BIT(3)
-#define QCOW2_HAS_DATA_FILE		BIT(4)
-#define QCOW2_HAS_UNKNOWN		BIT(5)
+#define QCOW2_HAS_CRYPTO		BIT(1)
 
 /* Table entry bits */
 #define QCOW2_OFFSET_MASK		0x00fffffffffffe00ULL

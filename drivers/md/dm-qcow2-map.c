@@ -1,53 +1,75 @@
 // SPDX-License-Identifier: GPL-2.0-only
 /*
- * dm-qcow2: mapping bios from guest offsets to the image.
- *
- * ->map() serves a bio that spans clusters at once while they are
- * contiguous in the image (map_extend()), and sends a write over clusters
- * that all need new ones (or a FUA write's run) to a worker whole;
- * otherwise it cuts the bio at the first cluster boundary (dm sends the
- * rest as a new bio). Workers serve a write that spans clusters whole
- * when it still can be, else in runs of new clusters and cluster by
- * cluster (write_each()), so every other path sees one cluster: one L1
- * and one L2 entry. The L1
- * table is held in memory; L2 entries come from the slice cache. When the
- * slice is cached, ->map() resolves reads, and writes to clusters we own
- * (COPIED in both L1 and L2), on the spot: a block device bio is
- * remapped, a file bio is handed to the I/O workqueue, a zero or
- * unallocated cluster is read as zeros. Everything else goes to the
- * metadata workqueue, one work item per bio, so that independent clusters
- * are served concurrently:
- *  - cache misses load the slice and continue as above; a read that
- *    missed comes whole (within a group and 4 MiB) and is served as one
- *    piece when its clusters continue each other, else through a buffer;
- *  - allocating writes (unallocated, zero, or shared clusters) take the
- *    cluster's in-flight slot, so that two bios racing for one cluster
- *    make one allocation, write the whole new cluster (the bio's data, the
- *    rest filled with zeros or the old contents), and only then point the
- *    L2 entry at it;
- *  - such writes are held until the submitter's plug ends; those into
- *    clusters that follow each other go to one worker as a batch, and
- *    when all their clusters are fresh they are allocated and written
- *    together (write_batch());
- *  - compressed clusters are decompressed (dm-qcow2-zip.c);
- *  - with subclusters (extended L2), ->map() cuts bios where the
- *    subcluster state changes, and writes to subclusters not allocated
- *    write only those (write_subclusters());
- *  - clusters the image does not have are read from the backing chain,
- *    and copied from it into new clusters on partial writes;
- *  - discards drop whole clusters (discard_cluster());
- *  - write-zeroes makes whole clusters zero clusters (v3) and writes
- *    zeros elsewhere, where the data does not read as zeros already;
- *  - flushes write back the metadata and flush the image (qcow2_sync()).
+ * dm-qcow2: mapping bios from guest offsets to the image, and the write
+ * pipeline.
  *
  * Every read, write and write-zeroes bio is a reader of q->io_srcu from
- * ->map() until it ends (qcow2_map_bio()), whichever of these paths serves
- * it: a cluster freed meanwhile is not handed out again before it has
- * ended, so no bio mapped to a cluster lands in what the cluster became.
+ * ->map() until it ends (qcow2_map_bio(), qcow2_bio_end()), whichever path
+ * serves it: a cluster freed meanwhile is not handed out again before the
+ * bio has ended, so no bio lands in what its cluster became. Every L1 and
+ * L2 entry is decoded by dm-qcow2-format, and every host offset checked
+ * against the image size and the metadata we know of, before any I/O goes
+ * through it; a bad one fails the bio and marks the image corrupt.
  *
- * Every entry is decoded by dm-qcow2-format and every host offset is
- * checked against the image size and the metadata we know of before any
- * I/O is issued through it.
+ * A write goes through these stages, in order; each exists because the
+ * one before it could not do the job alone.
+ *
+ *  1. ->map(), no lock, no sleep (map_rw()). The L1 table is in memory and
+ *     the L2 entry comes from the slice cache. A write to clusters the
+ *     image owns (COPIED in L1 and L2) is remapped at once: to the block
+ *     device, or onto the file backend's queue. map_extend() keeps the bio
+ *     whole while its clusters continue one run in the image, and cuts it
+ *     where the run ends (dm sends the rest as a new bio). Rewriting
+ *     allocated data, what a guest does most, never waits for a worker.
+ *  2. Everything else goes to a worker whole, within one group of 64
+ *     clusters (one L2 table, one in-flight bucket): allocating writes
+ *     (unallocated, zero, compressed or snapshot-shared clusters), writes
+ *     whose slice is not cached, FUA writes whose mappings are not yet
+ *     durable. defer_write() takes the in-flight slots of its clusters
+ *     there: two bios racing for one cluster make one allocation.
+ *  3. Parking: a write meeting a slot holder parks on it, without a
+ *     worker (inflight_begin_or_park()). A page cache writing an empty
+ *     image sends sixteen 4 KiB bios per new 64 KiB cluster at once;
+ *     fifteen would otherwise hold a worker each, asleep.
+ *  4. Holding: a write that needs no slice read is held until the
+ *     submitter's plug ends or a write that does not follow it comes
+ *     (plug_hold(), qcow2_unplug()); held writes into clusters that follow
+ *     each other form one batch of up to QCOW2_BATCH_BYTES. By the time
+ *     the holder's worker runs, the writes into its cluster have parked
+ *     on it.
+ *  5. The worker (write_work()) writes new clusters whole, data first:
+ *     a batch or span of fresh clusters (nothing to copy) gets one
+ *     allocation and one data write (write_batch(), write_fresh());
+ *     otherwise cluster by cluster (write_each(), write_allocating()):
+ *     the L2 table made or copied (qcow2_l2_for_write()), a cluster
+ *     allocated (its refcount raised in the cache), the bio's data, the
+ *     parked writes that fall in that cluster (gather_parked()) and the
+ *     fill (zeros, or the old data of a shared, compressed or backing
+ *     cluster) written as one. With subclusters only the subclusters
+ *     written are (write_subclusters()).
+ *  6. Only then is the L2 entry set, in the cached slice
+ *     (qcow2_set_l2_entry()); the bios end, and the writes still parked
+ *     go back to a worker (inflight_end()). An old cluster's reference
+ *     is dropped once that change is durable (qcow2_defer_free()).
+ *  7. The I/O backend (dm-qcow2-io.c): bios to a block device go down as
+ *     they are; file bios join one queue that one work item drains,
+ *     sorted, merging those that continue each other into one kiocb.
+ *  8. The metadata stays in the cache until a flush, a FUA write or a
+ *     full cache writes it back (qcow2_sync(), dm-qcow2-writeback.c):
+ *     refcounts, a flush, L1 and L2 entries, a flush. Concurrent flushes
+ *     share one writeback.
+ *
+ * Reads take stage 1 the same way; a miss goes to a worker with up to a
+ * group and 4 MiB of the bio (read_miss_unit()), which loads the slice
+ * and serves the bio in one piece when its clusters continue each other,
+ * else through a buffer. Compressed clusters are decompressed
+ * (dm-qcow2-zip.c); clusters the image does not have are read from the
+ * backing chain, and copied from it on partial writes.
+ *
+ * Discard and write-zeroes run on their own workqueue, as they sleep for
+ * in-flight slots: discards drop whole clusters (discard_cluster());
+ * write-zeroes makes whole clusters zero clusters (v3) and writes zeros
+ * elsewhere, where the data does not read as zeros already.
  */
 #include <linux/bio.h>
 #include <linux/blkdev.h>
@@ -129,7 +151,7 @@ static int map_lookup(struct qcow2 *q, u64 voff, bool can_block,
 		return r;
 	if (r) {
 		DMERR_LIMIT("%s: cannot read L2 table at %llu: %d",
-			    dm_table_device_name(q->ti->table), lk->l2_off, r);
+			    qcow2_name(q), lk->l2_off, r);
 		return r;
 	}
 
@@ -240,6 +262,14 @@ static int sc_view(struct qcow2 *q, const struct qcow2_l2_map *m, u64 voff,
 
 /* ---- The backing chain ---- */
 
+/* The zip layer reports compressed data past the image's end: corrupt. */
+static int zip_result(struct qcow2 *q, u64 voff, int r)
+{
+	if (r == -EUCLEAN)
+		return qcow2_corrupt(q, voff, "compressed cluster past the end of the image");
+	return r;
+}
+
 /* Part of one cluster of a qcow2 backing layer. */
 static int chain_read_cluster(struct qcow2 *b, u64 voff, u8 *buf, u32 len)
 {
@@ -264,7 +294,8 @@ static int chain_read_cluster(struct qcow2 *b, u64 voff, u8 *buf, u32 len)
 		return qcow2_io_read_data(&b->io, buf, len, lk.m.host_offset +
 					  qcow2_cluster_offset(&b->hdr, voff));
 	case QCOW2_CLUSTER_COMPRESSED:
-		return qcow2_zip_read_buf(b, &lk.m, voff, buf, len);
+		return zip_result(b, voff,
+				  qcow2_zip_read_buf(b, &lk.m, voff, buf, len));
 	}
 	return -EIO;
 }
@@ -345,7 +376,7 @@ static int read_buffered(struct qcow2 *q, struct bio *bio,
 out:
 	if (r && r != -EUCLEAN)
 		DMERR_LIMIT("%s: read at guest offset %llu failed: %d",
-			    dm_table_device_name(q->ti->table), voff, r);
+			    qcow2_name(q), voff, r);
 	return r;
 }
 
@@ -455,7 +486,8 @@ static int map_resolved(struct qcow2 *q, struct bio *bio,
 				qcow2_cluster_offset(&q->hdr, voff), in_worker);
 	case QCOW2_CLUSTER_COMPRESSED:
 		/* Only from a worker: qcow2_map_bio() defers these */
-		return map_complete(bio, qcow2_zip_read_bio(q, &lk->m, bio));
+		return map_complete(bio, zip_result(q, voff,
+					qcow2_zip_read_bio(q, &lk->m, bio)));
 	}
 	return map_complete(bio, -EIO);
 }
@@ -476,12 +508,13 @@ static struct hlist_head *inflight_bucket(struct qcow2 *q, u64 vcluster)
 				    ilog2(ARRAY_SIZE(q->inflight)))];
 }
 
-/* The slot holder overlapping clusters [@first, @first + @n), under q->lock */
+/* The slot holder overlapping clusters [@first, @first + @n) */
 static struct qcow2_bio *inflight_holder_locked(struct qcow2 *q, u64 first,
 						u32 n)
 {
 	struct qcow2_bio *pb;
 
+	lockdep_assert_held(&q->lock);
 	hlist_for_each_entry(pb, inflight_bucket(q, first), inflight)
 		if (pb->vcluster < first + n && first < pb->vcluster + pb->vcount)
 			return pb;
@@ -900,8 +933,10 @@ static int fill_from_buf(struct qcow2 *q, struct qcow2_lookup *lk, u64 voff,
 	/* Given back by write_allocating() */
 	t->fill.buf = qcow2_pool_get(&q->buf_pool);
 	if (lk->m.type == QCOW2_CLUSTER_COMPRESSED)
-		return qcow2_zip_read_buf(q, &lk->m, start, t->fill.buf,
-					  q->hdr.cluster_size);
+		return zip_result(q, start,
+				  qcow2_zip_read_buf(q, &lk->m, start,
+						     t->fill.buf,
+						     q->hdr.cluster_size));
 	return chain_read(q->backing, start, t->fill.buf, q->hdr.cluster_size);
 }
 
@@ -1624,7 +1659,7 @@ static bool write_batch(struct qcow2 *q, struct bio *bio)
 	}
 	if (r && r != -EUCLEAN)
 		DMERR_LIMIT("%s: write at guest offset %llu failed: %d",
-			    dm_table_device_name(q->ti->table), bio_voff(bio),
+			    qcow2_name(q), bio_voff(bio),
 			    r);
 	end_batch(q, &held, v, n, r);
 	return true;
@@ -1676,7 +1711,7 @@ static void write_work(struct qcow2 *q, struct bio *bio)
 		r = qcow2_sync(q);
 	if (r && r != -EUCLEAN && r != -EOPNOTSUPP)
 		DMERR_LIMIT("%s: write at guest offset %llu failed: %d",
-			    dm_table_device_name(q->ti->table), bio_voff(bio),
+			    qcow2_name(q), bio_voff(bio),
 			    r);
 	map_complete(bio, r);
 }
@@ -1747,7 +1782,7 @@ static void mapping_done(struct qcow2 *q, struct bio *bio, int r,
 		r = qcow2_sync(q);
 	if (r && r != -EUCLEAN)
 		DMERR_LIMIT("%s: %s at guest offset %llu failed: %d",
-			    dm_table_device_name(q->ti->table), what, voff, r);
+			    qcow2_name(q), what, voff, r);
 	map_complete(bio, r);
 }
 
@@ -2242,7 +2277,7 @@ static void io_exit(struct qcow2 *q, struct qcow2_bio *pb)
  * write-zeroes) is a reader of q->io_srcu from here until it ends
  * (qcow2_bio_end()), whether ->map() remaps it, a worker serves it or it
  * waits parked or held: no cluster freed meanwhile is handed out again
- * before it has ended (see grace_start_locked()). Discards and flushes
+ * before it has ended (see qcow2_grace_start_locked()). Discards and flushes
  * touch no data.
  */
 int qcow2_map_bio(struct qcow2 *q, struct bio *bio)
@@ -2365,7 +2400,7 @@ static bool test_hold(struct qcow2 *q, struct bio *bio, u64 pos)
 	spin_unlock(&q->lock);
 	if (hold)
 		DMINFO("%s: test hook: holding %s at sector %llu",
-		       dm_table_device_name(q->ti->table),
+		       qcow2_name(q),
 		       op_is_write(bio_op(bio)) ? "write" : "read",
 		       (u64)bio->bi_iter.bi_sector);
 	return hold;
@@ -2412,7 +2447,7 @@ int qcow2_test_message(struct qcow2 *q, unsigned int argc, char **argv)
 	}
 	if (argc == 1 && !strcasecmp(argv[0], "test_pin_cache")) {
 		DMINFO("%s: test hook: %u slices pinned",
-		       dm_table_device_name(q->ti->table),
+		       qcow2_name(q),
 		       qcow2_cache_test_pin(&q->cache));
 		return 0;
 	}

@@ -13,9 +13,10 @@
  * All of it runs in the metadata workers, one at a time (zip->lock): the
  * buffers and the decompressor's state are per image and made with the
  * table (qcow2_zip_setup()), so that a write into a compressed cluster
- * needs no allocation while memory is short: about two clusters and
- * 40 KiB (deflate) or the zstd state for a cluster-sized window, for
- * each qcow2 image of the chain.
+ * needs no allocation while memory is short: three clusters (two of
+ * compressed input, one of output) and the decompressor's workspace
+ * (deflate's, or the zstd state for a cluster-sized window), for each
+ * qcow2 image of the chain.
  */
 #include <linux/bio.h>
 #include <linux/sched/mm.h>
@@ -145,7 +146,8 @@ static int zip_unzstd(struct qcow2 *q, size_t in_len, u32 out_len)
 /*
  * Read the compressed bytes of @m: the range is clamped to the end of the
  * image (QEMU's last compressed cluster may end there) and widened to the
- * logical block for direct block device reads.
+ * logical block for direct block device reads. -EUCLEAN when it starts
+ * past the end: the caller reports the corruption.
  */
 static int zip_read(struct qcow2 *q, const struct qcow2_l2_map *m,
 		    size_t *len)
@@ -155,7 +157,7 @@ static int zip_read(struct qcow2 *q, const struct qcow2_l2_map *m,
 	unsigned int lbs = q->io.lbs;
 
 	if (m->host_offset >= size)
-		return qcow2_corrupt(q, 0, "compressed cluster past the end of the image");
+		return -EUCLEAN;
 	end = min(m->host_offset + m->comp_len, size);
 	*len = end - m->host_offset;
 	start = round_down(m->host_offset, lbs);
@@ -164,13 +166,14 @@ static int zip_read(struct qcow2 *q, const struct qcow2_l2_map *m,
 	return qcow2_io_read_meta(&q->io, zip->in, end - start, start);
 }
 
-/* Make zip->out hold the cluster of @m. Called with zip->lock held. */
+/* Make zip->out hold the cluster of @m. */
 static int zip_load(struct qcow2 *q, const struct qcow2_l2_map *m, u64 voff)
 {
 	struct qcow2_zip *zip = &q->zip;
 	size_t len;
 	int r;
 
+	lockdep_assert_held(&zip->lock);
 	if (zip->out_key == m->host_offset + 1)
 		return 0;
 	if (WARN_ON_ONCE(!zip->ws))
@@ -185,7 +188,7 @@ static int zip_load(struct qcow2 *q, const struct qcow2_l2_map *m, u64 voff)
 		r = zip_inflate(zip, len, q->hdr.cluster_size);
 	if (r) {
 		DMERR_LIMIT("%s: corrupt compressed data at %llu (guest offset %llu)",
-			    dm_table_device_name(q->ti->table), m->host_offset,
+			    qcow2_name(q), m->host_offset,
 			    voff);
 		return r;
 	}

@@ -1,13 +1,23 @@
 /* SPDX-License-Identifier: GPL-2.0-only */
 /*
- * dm-qcow2: internal interfaces between the target glue, the mapping code,
- * the metadata cache and the I/O backend.
+ * dm-qcow2: internal interfaces between the layers of the target.
  *
- * Layering (calls only go downwards; all may use dm-qcow2-format):
- *   dm-qcow2-target.c  table parsing, ctr/dtr, map, status
- *   dm-qcow2-map.c     virtual-to-host mapping, workers
- *   dm-qcow2-cache.c   L2 slices: lookup, LRU, memory bound
- *   dm-qcow2-io.c      the image: block device or regular file
+ * Layering: calls only go downwards, and every file may use the pure
+ * format code (dm-qcow2-format.[ch], which uses nothing else):
+ *   dm-qcow2-target.c     device-mapper glue: table, ctr/dtr, map, status,
+ *                         messages, suspend/resume
+ *   dm-qcow2-map.c        guest-to-host mapping and the write pipeline
+ *   metadata (dm-qcow2-meta.h inside the layer):
+ *     dm-qcow2-open.c     opening, validating, reloading, closing images
+ *     dm-qcow2-snap.c     internal snapshots, online grow
+ *     dm-qcow2-alloc.c    refcounts, allocation, L1/L2 entry changes
+ *     dm-qcow2-writeback.c  crash-safe writeback order, safe modes
+ *   dm-qcow2-cache.c      L2 and refcount slices: LRU, memory bound
+ *   dm-qcow2-zip.c        compressed clusters
+ *   dm-qcow2-io.c         the image below: block device or regular file
+ *   dm-qcow2-lock.c       who else may use an image: QEMU's locks, tables
+ *   dm-qcow2-mem.c        reserves and allocation fault injection
+ * The cache calls up only through its kick_writeback callback.
  */
 #ifndef DM_QCOW2_H
 #define DM_QCOW2_H
@@ -266,7 +276,7 @@ struct qcow2_zip {
 	u64 out_key;			/* its host offset + 1, 0: none */
 };
 
-/* ---- The image (dm-qcow2-meta.c) and mapping (dm-qcow2-map.c) ---- */
+/* ---- The image (metadata layer) and mapping (dm-qcow2-map.c) ---- */
 
 enum qcow2_mode {
 	QCOW2_MODE_RW,
@@ -348,7 +358,7 @@ struct qcow2 {
 	struct list_head frees;		/* refcount decreases waiting for L2 */
 	struct qcow2_pool free_pool;	/* their records (writable) */
 	void *alloc_buf;		/* a cluster: new tables, alloc_lock */
-	void *table_buf;		/* a meta_block: write_table_block() */
+	void *table_buf;		/* a meta_block: qcow2_write_table_block() */
 	struct mutex table_buf_lock;
 
 	/*
@@ -401,7 +411,6 @@ struct qcow2 {
 	atomic64_t parked;
 	atomic64_t gathered;
 	atomic64_t batched;
-
 	/*
 	 * Test hook (module parameter test_hooks): the next data bio
 	 * mapped at guest sector @test_hold_sector is held on @test_held,
@@ -437,18 +446,25 @@ struct qcow2_bio {
 	bool in_srcu;
 };
 
-/* dm-qcow2-meta.c */
+static inline const char *qcow2_name(struct qcow2 *q)
+{
+	return dm_table_device_name(q->ti->table);
+}
+
+/* dm-qcow2-open.c */
 int qcow2_open_image(struct qcow2 *q, const char **err);
 int qcow2_open_chain(struct qcow2 *q, const char **err);
 void qcow2_close_image(struct qcow2 *q);
 int qcow2_reload_image(struct qcow2 *q);
+int qcow2_deactivate(struct qcow2 *q);
+
+/* dm-qcow2-snap.c */
 int qcow2_grow_check(struct qcow2 *q, u64 size, const char **err);
-int qcow2_corrupt(struct qcow2 *q, u64 voff, const char *what);
+
+/* dm-qcow2-alloc.c */
 const char *qcow2_host_cluster_check(struct qcow2 *q, u64 off);
 const char *qcow2_data_cluster_check(struct qcow2 *q, u64 off);
 const char *qcow2_data_range_check(struct qcow2 *q, u64 off, u64 len);
-int qcow2_sync(struct qcow2 *q);
-bool qcow2_meta_durable(struct qcow2 *q);
 int qcow2_alloc_cluster(struct qcow2 *q, u64 *host);
 int qcow2_alloc_clusters(struct qcow2 *q, u32 n, u64 *host, u64 *mark);
 int qcow2_refcount_update(struct qcow2 *q, u64 host, int delta);
@@ -456,9 +472,13 @@ void qcow2_defer_free(struct qcow2 *q, u64 host, u64 len);
 int qcow2_l2_for_write(struct qcow2 *q, u64 voff, u64 *l2_off);
 int qcow2_set_l2_entry(struct qcow2 *q, u64 l2_off, u64 voff, u64 entry,
 		       u64 bitmap);
+
+/* dm-qcow2-writeback.c */
+int qcow2_corrupt(struct qcow2 *q, u64 voff, const char *what);
 void qcow2_meta_error(struct qcow2 *q, int err);
+int qcow2_sync(struct qcow2 *q);
+bool qcow2_meta_durable(struct qcow2 *q);
 void qcow2_frees_wait(struct qcow2 *q);
-int qcow2_deactivate(struct qcow2 *q);
 
 /* dm-qcow2-zip.c */
 void qcow2_zip_init(struct qcow2_zip *zip);
