@@ -221,6 +221,24 @@ int qcow2_io_claim(struct dm_target *ti, struct qcow2_io *io, bool writable)
 	return r;
 }
 
+/*
+ * Call @fn for each other user of @io's image: tables of the same mapped
+ * device, and read-only users beside a read-only one (others are refused,
+ * see qcow2_io_claim()). Under the list's mutex, which @fn must not take.
+ */
+void qcow2_io_for_each_sharer(struct qcow2_io *io,
+			      void (*fn)(struct qcow2_io *o, void *arg),
+			      void *arg)
+{
+	struct qcow2_io *o;
+
+	mutex_lock(&io_users_lock);
+	list_for_each_entry(o, &io_users, user)
+		if (o != io && o->key == io->key)
+			fn(o, arg);
+	mutex_unlock(&io_users_lock);
+}
+
 void qcow2_io_unclaim(struct qcow2_io *io)
 {
 	if (!io->key)

@@ -93,59 +93,41 @@ static int check_supported(struct qcow2 *q, const char **err)
 }
 
 /*
- * The images that tables serve, so that a table loaded for an image while
- * another table serves it (a reload: dmsetup load, then resume) can tell
- * the lazy-refcounts dirty bit that table set from one a crash left, and
- * so that a table knows whether another may have written its image since
- * it read it (QCOW2_F_STALE).
+ * Other tables of the same image, from the image's users list (a reload,
+ * dmsetup load then resume, while the old table is live; other devices
+ * only when neither writes, see dm-qcow2-lock.c): a table tells the
+ * lazy-refcounts dirty bit another set from one a crash left, and knows
+ * whether another may have written its image since it read it
+ * (QCOW2_F_STALE). Every user is the io of a struct qcow2.
  */
-static LIST_HEAD(live_images);
-static DEFINE_MUTEX(live_lock);
-
-/*
- * Join the list. Of two tables of one image, each must read the image
- * again before it resumes if the other one may write it.
- */
-static void live_add(struct qcow2 *q)
+static struct qcow2 *sharer_image(struct qcow2_io *o)
 {
-	const void *key = qcow2_io_key(&q->io);
-	struct qcow2 *o;
-
-	mutex_lock(&live_lock);
-	list_for_each_entry(o, &live_images, live) {
-		if (qcow2_io_key(&o->io) != key)
-			continue;
-		if (q->writable)
-			set_bit(QCOW2_F_STALE, &o->flags);
-		if (o->writable)
-			set_bit(QCOW2_F_STALE, &q->flags);
-	}
-	list_add(&q->live, &live_images);
-	mutex_unlock(&live_lock);
+	return container_of(o, struct qcow2, io);
 }
 
-static void live_del(struct qcow2 *q)
+/* Of two tables of one image, each reads it again if the other may write */
+static void mark_stale(struct qcow2_io *o, void *arg)
 {
-	if (list_empty(&q->live))
-		return;
-	mutex_lock(&live_lock);
-	list_del_init(&q->live);
-	mutex_unlock(&live_lock);
+	struct qcow2 *q = arg;
+
+	if (q->writable)
+		set_bit(QCOW2_F_STALE, &sharer_image(o)->flags);
+	if (o->writable)
+		set_bit(QCOW2_F_STALE, &q->flags);
+}
+
+static void find_live_dirty_bit(struct qcow2_io *o, void *arg)
+{
+	if (READ_ONCE(sharer_image(o)->dirty_bit_set))
+		*(bool *)arg = true;
 }
 
 /* Does a live table of the same image hold the dirty bit it set? */
 static bool dirty_bit_is_live(struct qcow2 *q)
 {
-	const void *key = qcow2_io_key(&q->io);
-	struct qcow2 *o;
 	bool ours = false;
 
-	mutex_lock(&live_lock);
-	list_for_each_entry(o, &live_images, live)
-		if (o != q && qcow2_io_key(&o->io) == key &&
-		    READ_ONCE(o->dirty_bit_set))
-			ours = true;
-	mutex_unlock(&live_lock);
+	qcow2_io_for_each_sharer(&q->io, find_live_dirty_bit, &ours);
 	return ours;
 }
 
@@ -369,7 +351,6 @@ static void init_state(struct qcow2 *q)
 	for (i = 0; i < ARRAY_SIZE(q->inflight); i++)
 		INIT_HLIST_HEAD(&q->inflight[i]);
 	init_waitqueue_head(&q->inflight_wait);
-	INIT_LIST_HEAD(&q->live);
 	qcow2_alloc_init(q);
 	qcow2_writeback_init(q);
 	qcow2_zip_init(&q->zip);
@@ -481,7 +462,7 @@ static bool header_changed(struct qcow2 *q)
 /*
  * Before a resume: see load_metadata(). Our own dirty metadata was written
  * at suspend. When another table of the image may have written it since
- * (QCOW2_F_STALE, see live_add()), or its header block changed, the
+ * (QCOW2_F_STALE, see mark_stale()), or its header block changed, the
  * tables are read again and cached slices go; the geometry must not have
  * changed under us.
  */
@@ -583,7 +564,7 @@ int qcow2_open_image(struct qcow2 *q, const char **err)
 		*err = "Cannot allocate memory";
 		return r;
 	}
-	live_add(q);
+	qcow2_io_for_each_sharer(&q->io, mark_stale, q);
 	return 0;
 }
 
@@ -740,7 +721,6 @@ void qcow2_close_image(struct qcow2 *q)
 		q->backing = NULL;
 	}
 
-	live_del(q);
 	/* Frees still waiting for a grace period need meta_wq */
 	qcow2_frees_wait(q);
 	if (q->io_srcu_ready)

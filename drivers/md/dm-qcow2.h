@@ -168,6 +168,9 @@ int qcow2_io_open(struct dm_target *ti, struct qcow2_io *io,
 void qcow2_io_close(struct dm_target *ti, struct qcow2_io *io);
 int qcow2_io_claim(struct dm_target *ti, struct qcow2_io *io, bool writable);
 void qcow2_io_unclaim(struct qcow2_io *io);
+void qcow2_io_for_each_sharer(struct qcow2_io *io,
+			      void (*fn)(struct qcow2_io *o, void *arg),
+			      void *arg);
 int qcow2_io_read_meta(struct qcow2_io *io, void *buf, size_t len, u64 off);
 int qcow2_io_read_data(struct qcow2_io *io, void *buf, size_t len, u64 off);
 int qcow2_io_write_meta(struct qcow2_io *io, void *buf, size_t len, u64 off);
@@ -350,7 +353,6 @@ struct qcow2 {
 	bool refcounts_partial;		/* @allocated: not every block read */
 	bool dirty_bit_set;		/* lazy refcounts: we set the dirty bit */
 	bool resumed;			/* a resume has reloaded the image */
-	struct list_head live;		/* on the list of writable images */
 
 	spinlock_t lock;		/* inflight, frees, dirty ranges */
 	struct hlist_head inflight[64];	/* clusters being allocated */
