@@ -15,14 +15,24 @@
 
 /* ---- Internal snapshots ---- */
 
+enum snapshot_match {
+	SNAP_NONE,
+	SNAP_NAME,
+	SNAP_ID,
+};
+
 /* Does the entry at @b (parsed as @s) have @want as its id or its name? */
-static bool snapshot_matches(const u8 *b, const struct qcow2_snapshot *s,
-			     const char *want)
+static enum snapshot_match snapshot_match(const u8 *b,
+					  const struct qcow2_snapshot *s,
+					  const char *want)
 {
 	size_t n = strlen(want);
 
-	return (s->id_len == n && !memcmp(b + s->id_off, want, n)) ||
-	       (s->name_len == n && !memcmp(b + s->name_off, want, n));
+	if (s->id_len == n && !memcmp(b + s->id_off, want, n))
+		return SNAP_ID;
+	if (s->name_len == n && !memcmp(b + s->name_off, want, n))
+		return SNAP_NAME;
+	return SNAP_NONE;
 }
 
 /* Read the entry at @off into a new buffer, parse it into @s. */
@@ -48,21 +58,22 @@ static int read_snapshot(struct qcow2 *q, u64 off, u8 **buf, u32 *len,
 }
 
 /*
- * Serve the snapshot the table names (read-only tables only): find it by
- * id or name, then use its L1 table and virtual size. The walk is bounded
- * by the header's snapshot count and by QCOW2_MAX_SNAPSHOT_TABLE bytes.
+ * Serve the snapshot the table names (read-only tables only): the entry
+ * with that id, else the first with that name, as QEMU looks a snapshot
+ * up; then use its L1 table and virtual size. The walk is bounded by the
+ * header's snapshot count and by QCOW2_MAX_SNAPSHOT_TABLE bytes.
  */
 int qcow2_load_snapshot(struct qcow2 *q, const char **err)
 {
 	struct qcow2_header *h = &q->hdr;
 	u64 off = h->snapshots_offset, span;
-	struct qcow2_snapshot s;
+	enum snapshot_match m, best = SNAP_NONE;
+	struct qcow2_snapshot s, found;
 	u32 i, len;
-	bool found = false;
 	u8 *buf;
 	int r = 0;
 
-	for (i = 0; i < h->nb_snapshots && !found && !r; i++) {
+	for (i = 0; i < h->nb_snapshots && best != SNAP_ID && !r; i++) {
 		if (off - h->snapshots_offset > QCOW2_MAX_SNAPSHOT_TABLE) {
 			*err = "Snapshot table too large (max 64 MiB)";
 			return -EINVAL;
@@ -70,16 +81,21 @@ int qcow2_load_snapshot(struct qcow2 *q, const char **err)
 		r = read_snapshot(q, off, &buf, &len, &s, err);
 		if (r == -EIO)
 			*err = "Cannot read the snapshot table";
-		found = !r && snapshot_matches(buf, &s, q->snapshot);
+		m = r ? SNAP_NONE : snapshot_match(buf, &s, q->snapshot);
+		if (m > best) {
+			best = m;
+			found = s;
+		}
 		kfree(buf);
 		off += len;
 	}
 	if (r)
 		return r;
-	if (!found) {
+	if (best == SNAP_NONE) {
 		*err = "No snapshot with that id or name";
 		return -ENOENT;
 	}
+	s = found;
 	h->l1_table_offset = s.l1_table_offset;
 	h->l1_size = s.l1_size;
 	if (s.disk_size)

@@ -653,6 +653,34 @@ test_snapshot_activate() {
 	dm_remove sn || return 1
 	log "snapshots 'first' and id 2 read back as qemu reads them"
 
+	# A name that is a later snapshot's id: the id wins, as in QEMU, with
+	# that snapshot's own size (id 3 is named "4" and is 32M; id 4 is 48M)
+	must qemu-img snapshot -c 4 "$img" && must qemu-img resize -q "$img" 48M &&
+		qio -f qcow2 -c "write -P 0x91 40M 1M" -c "write -P 0x92 0 64k" \
+			"$img" && must qemu-img snapshot -c fourth "$img" || return 1
+	must qemu-img convert -O raw -l 4 "$img" four.raw &&
+		must qemu-img convert -O raw -l snapshot.name=4 "$img" named4.raw ||
+		return 1
+	[ "$(stat -c %s four.raw)" = $((48 << 20)) ] &&
+		! cmp -s four.raw named4.raw || fail "qemu-img: -l 4 is not id 4" ||
+		return 1
+	DM_LEN=$((48 << 11)) dm_create sn "$img 2 snapshot 4" --readonly ||
+		return 1
+	must qemu-img compare -U -f raw -F raw four.raw /dev/mapper/sn ||
+		return 1
+	dm_remove sn || return 1
+	if dm_only 2>/dev/null; then
+		must "$QCOW2_TOP/scripts/qcow2-dmsetup" create sn "$img" \
+			--snapshot 4 >/dev/null || return 1
+		[ "$(blockdev --getsize64 /dev/mapper/sn)" = $((48 << 20)) ] ||
+			fail "qcow2-dmsetup: snapshot 4 is $(blockdev --getsize64 /dev/mapper/sn) bytes" ||
+			return 1
+		must qemu-img compare -U -f raw -F raw four.raw /dev/mapper/sn ||
+			return 1
+		dm_remove sn || return 1
+	fi
+	log "snapshot '4' is id 4, not the snapshot named 4, as qemu reads it"
+
 	dm_only || { cd .. && rm -rf sn; return 0; }
 	DM_LEN=$(img_sectors "$img") expect_refused sn "$img 2 snapshot first" \
 		"A snapshot can only be activated read-only" || return 1
