@@ -424,7 +424,7 @@ static void qcow2_stats(struct qcow2 *q, char *result, unsigned int maxlen)
 static int qcow2_message(struct dm_target *ti, unsigned int argc,
 			 char **argv, char *result, unsigned int maxlen)
 {
-	struct qcow2 *q = ti->private;
+	struct qcow2 *q = ti->private, *layer;
 	u64 bytes;
 
 	if (argc == 1 && !strcasecmp(argv[0], "flush"))
@@ -438,15 +438,19 @@ static int qcow2_message(struct dm_target *ti, unsigned int argc,
 	if (argc == 2 && !strcasecmp(argv[0], "cache_size")) {
 		if (cache_size_arg(argv[1], &bytes)) {
 			DMERR("%s: invalid cache_size %s (bytes, 1 to 4G)",
-			      dm_table_device_name(ti->table), argv[1]);
+			      qcow2_name(q), argv[1]);
 			return -EINVAL;
 		}
-		q->cache_bytes = bytes;
-		qcow2_cache_resize(&q->cache, bytes);
+		/* Every qcow2 layer has a cache of this size, as at table load */
+		for (layer = q; layer; layer = layer->backing) {
+			if (layer->raw)
+				continue;
+			layer->cache_bytes = bytes;
+			qcow2_cache_resize(&layer->cache, bytes);
+		}
 		return 0;
 	}
-	DMERR("%s: unrecognised message%s%s",
-	      dm_table_device_name(ti->table), argc ? " " : "",
+	DMERR("%s: unrecognised message%s%s", qcow2_name(q), argc ? " " : "",
 	      argc ? argv[0] : "");
 	return -EINVAL;
 }
