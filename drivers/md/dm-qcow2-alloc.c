@@ -16,6 +16,7 @@
 #include <linux/vmalloc.h>
 
 #include "dm-qcow2-meta.h"
+#include "dm-qcow2-trace.h"
 
 /* Records of frees kept in reserve (qcow2_defer_free()) */
 #define QCOW2_FREE_RESERVE	256
@@ -218,6 +219,7 @@ static void cluster_freed(struct qcow2 *q, u64 cluster)
 	u64 off = cluster << q->hdr.cluster_bits;
 
 	lockdep_assert_held(&q->alloc_lock);
+	trace_qcow2_free(q, off, 1);
 	atomic64_dec(&q->allocated);
 	/*
 	 * A freed L2 table or old refcount block: its slices describe
@@ -430,6 +432,7 @@ static int add_refblock(struct qcow2 *q, u64 cluster)
 	if (r)
 		return r;
 	qcow2_set_table_entry(q, &q->rt_dirty, q->reftable, rt, off);
+	trace_qcow2_alloc(q, off, 1);
 	atomic64_inc(&q->allocated);
 	qcow2_meta_mark(q, off, QCOW2_META_REFBLOCK, QCOW2_GFP_MARK);
 	return 0;
@@ -556,6 +559,7 @@ static int grow_reftable(struct qcow2 *q, u64 need_rt)
 		qcow2_meta_mark(q, (start + i) << h->cluster_bits,
 				QCOW2_META_REFBLOCK, QCOW2_GFP_MARK);
 	q->free_cursor = start + nb + tc;
+	trace_qcow2_alloc(q, start << h->cluster_bits, nb + tc);
 	atomic64_add(nb + tc, &q->allocated);
 
 	/* The header no longer points at the old table: free it */
@@ -663,6 +667,7 @@ int qcow2_alloc_locked(struct qcow2 *q, u64 *host)
 		if (r)
 			return r;
 		*host = taken << q->hdr.cluster_bits;
+		trace_qcow2_alloc(q, *host, 1);
 		return 0;
 	}
 }

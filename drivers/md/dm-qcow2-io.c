@@ -22,6 +22,7 @@
 #include <linux/vmalloc.h>
 
 #include "dm-qcow2.h"
+#include "dm-qcow2-trace.h"
 
 /* ---- Opening the image ---- */
 
@@ -1058,7 +1059,7 @@ static bool file_submit_merged(struct qcow2_io *io, struct bio *bio,
 	iov_iter_bvec(&ii, op_is_write(bio_op(bio)) ? ITER_SOURCE : ITER_DEST,
 		      vec, nr_bvec, len);
 	pb->bvec = vec;
-	atomic64_add(nr, &io->merged);
+	trace_qcow2_file_merge(io, pb->pos, nr, len);
 	file_submit_iter(io, bio, pb->pos, &ii);
 	return true;
 }

@@ -80,6 +80,7 @@
 #include <linux/vmalloc.h>
 
 #include "dm-qcow2.h"
+#include "dm-qcow2-trace.h"
 
 /* What the tables say about one guest cluster. */
 struct qcow2_lookup {
@@ -588,7 +589,8 @@ static bool inflight_begin_or_park(struct qcow2 *q, struct qcow2_bio *pb,
 		hlist_add_head(&pb->inflight, inflight_bucket(q, first));
 	spin_unlock(&q->lock);
 	if (holder)
-		atomic64_inc(&q->parked);
+		trace_qcow2_park(q, bio_voff(bio),
+				 holder->vcluster << q->hdr.cluster_bits);
 	return !holder;
 }
 
@@ -987,6 +989,9 @@ static int choose_target(struct qcow2 *q, struct qcow2_lookup *lk,
 	}
 	r = qcow2_alloc_clusters(q, 1, &t->host, &t->mark);
 	t->allocated = !r;
+	if (!r)
+		trace_qcow2_write_alloc(q, bio_voff(bio), m->type,
+					m->host_offset, t->host);
 	return r;
 }
 
@@ -1281,7 +1286,7 @@ static int write_target(struct qcow2 *q, struct bio *bio,
 		*n = gather_parked(q, holder, bio, v);
 	if (*n == 1)
 		return write_cluster(q, bio, t->host, &t->fill, t->mark);
-	atomic64_add(*n - 1, &q->gathered);
+	trace_qcow2_gather(q, bio_voff(bio), *n - 1);
 	return write_gathered(q, *v, *n,
 			      round_down(bio_voff(bio), q->hdr.cluster_size),
 			      q->hdr.cluster_size, t->host, t->mark);
@@ -1653,8 +1658,9 @@ static bool write_batch(struct qcow2 *q, struct bio *bio)
 		return false;
 	}
 	if (r > 0) {
-		atomic64_add(n - nr_held, &q->gathered);
-		atomic64_add(nr_held - 1, &q->batched);
+		trace_qcow2_batch(q, bio_voff(bio), nr_held, n, nr);
+		if (n > nr_held)
+			trace_qcow2_gather(q, bio_voff(bio), n - nr_held);
 		r = write_fresh(q, v, n, pb->vcluster, nr);
 	}
 	if (r && r != -EUCLEAN)

@@ -41,6 +41,7 @@
 #include <linux/vmalloc.h>
 
 #include "dm-qcow2-meta.h"
+#include "dm-qcow2-trace.h"
 
 /* ---- Modes: the target only moves towards safety ---- */
 
@@ -74,8 +75,10 @@ static bool raise_mode(struct qcow2 *q, enum qcow2_mode mode)
 
 	while (old < mode) {
 		prev = cmpxchg(&q->mode, old, mode);
-		if (prev == old)
+		if (prev == old) {
+			trace_qcow2_mode(q, mode);
 			return true;
+		}
 		old = prev;
 	}
 	return false;
@@ -89,6 +92,7 @@ static bool raise_mode(struct qcow2 *q, enum qcow2_mode mode)
 int qcow2_corrupt(struct qcow2 *q, u64 voff, const char *what)
 {
 	atomic64_inc(&q->corruptions);
+	trace_qcow2_corrupt(q, voff, what);
 	DMERR_LIMIT("%s: corrupt image: %s (guest offset %llu)",
 		    qcow2_name(q), what, voff);
 	if (!test_and_set_bit(QCOW2_F_CORRUPT, &q->flags)) {
@@ -294,6 +298,7 @@ static int write_reftable_dirty(struct qcow2 *q)
  */
 int qcow2_writeback(struct qcow2 *q, struct list_head *frees, u64 ticket)
 {
+	unsigned long dirty;
 	int r;
 
 	mutex_lock(&q->sync_lock);
@@ -310,6 +315,7 @@ int qcow2_writeback(struct qcow2 *q, struct list_head *frees, u64 ticket)
 	 * until the write-back is done (and its caller's ticket is this one).
 	 */
 	WRITE_ONCE(q->sync_started, q->sync_started + 1);
+	dirty = qcow2_cache_nr_dirty(&q->cache);
 	r = qcow2_cache_write_dirty(&q->cache, QCOW2_SLICE_REFCOUNT);
 	if (!r)
 		r = qcow2_io_flush(&q->io);
@@ -330,6 +336,7 @@ int qcow2_writeback(struct qcow2 *q, struct list_head *frees, u64 ticket)
 	}
 	q->sync_done = q->sync_started;
 	q->sync_result = r;
+	trace_qcow2_writeback(q, q->sync_done, dirty, r);
 	up_write(&q->meta_sem);
 	mutex_unlock(&q->sync_lock);
 	if (r)

@@ -22,6 +22,7 @@
 #ifndef DM_QCOW2_H
 #define DM_QCOW2_H
 
+#include <linux/blkdev.h>
 #include <linux/device-mapper.h>
 #include <linux/fs.h>
 #include <linux/list.h>
@@ -154,7 +155,6 @@ struct qcow2_io {
 	struct list_head waited;	/* direct I/O that workers wait for */
 	atomic_t waiting;		/* such I/O under way */
 	struct work_struct queue_work;
-	atomic64_t merged;		/* bios sent in a kiocb with others */
 
 	/* Users of the image, see dm-qcow2-lock.c */
 	struct list_head user;		/* on the list of open images */
@@ -407,13 +407,6 @@ struct qcow2 {
 	unsigned long flags;		/* QCOW2_F_* */
 	atomic64_t corruptions;		/* bad metadata met at run time */
 	/*
-	 * Writes parked on a cluster being allocated, those gathered, and
-	 * held writes written in a batch with the one before them.
-	 */
-	atomic64_t parked;
-	atomic64_t gathered;
-	atomic64_t batched;
-	/*
 	 * Test hook (module parameter test_hooks): the next data bio
 	 * mapped at guest sector @test_hold_sector is held on @test_held,
 	 * unsubmitted, until the test_release message (under q->lock).
@@ -451,6 +444,12 @@ struct qcow2_bio {
 static inline const char *qcow2_name(struct qcow2 *q)
 {
 	return dm_table_device_name(q->ti->table);
+}
+
+/* The mapped device's number, for trace events */
+static inline dev_t qcow2_devt(struct qcow2 *q)
+{
+	return disk_devt(dm_disk(dm_table_get_md(q->ti->table)));
 }
 
 /* dm-qcow2-open.c */

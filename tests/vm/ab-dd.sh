@@ -12,8 +12,8 @@
 # The .ko files must be readable in the guest (not under /tmp, which is
 # the guest's own). Each round and module: create the device on a
 # preallocated 1 GiB image, a 100 MB dsync dd just after create (slices
-# not cached), the same into loop, the dd again (slices cached), then the
-# stats message. Each dd line gives MB/s and the guest's system CPU
+# not cached), the same into loop, the dd again (slices cached). Each dd
+# line gives MB/s and the guest's system CPU
 # seconds (system, irq and softirq ticks) it took.
 #
 # --empty-direct: the bench's dd-w100M-direct row on an empty image

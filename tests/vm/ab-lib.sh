@@ -60,7 +60,7 @@ ab_images() {
 # module, serve the qcow2 image of ab_images() (through a loop device with
 # AB_BDEV=1) as /dev/mapper/ab and its
 # raw file on a loop device (direct I/O), run MEASURE "round I M" DM-DEV
-# LOOP-DEV, print the stats message, and take it all down again.
+# LOOP-DEV, and take it all down again.
 ab_rounds() {
 	local a=$1 b=$2 rounds=$3 measure=$4 i m ko lo img qlo
 	for i in $(seq 1 "$rounds"); do
@@ -80,7 +80,6 @@ ab_rounds() {
 				exit 1
 			lo=$(losetup --direct-io=on -f --show "$AB_RAW") || exit 1
 			"$measure" "round $i $m" /dev/mapper/ab "$lo" || exit 1
-			echo "round $i $m stats $(dmsetup message ab 0 stats)"
 			losetup -d "$lo" && dmsetup remove ab &&
 				rmmod dm_qcow2 || exit 1
 			[ -z "$qlo" ] || losetup -d "$qlo" || exit 1

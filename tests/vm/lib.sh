@@ -30,6 +30,68 @@ must() {
 	[ -z "${VERBOSE:-}" ] || echo "$out"
 }
 
+# ---- trace events (drivers/md/dm-qcow2-trace.h) ----
+
+TRACEFS=/sys/kernel/tracing
+
+# trace_start EVENT[:FILTER]...: record these dm_qcow2 events from now on,
+# into an empty buffer (FILTER: the event's filter, "held > 1").
+trace_start() {
+	local spec ev
+	[ -d "$TRACEFS/events" ] || mount -t tracefs nodev "$TRACEFS" ||
+		fail "cannot mount tracefs" || return 1
+	echo 0 >"$TRACEFS/tracing_on"
+	echo 0 >"$TRACEFS/events/enable"
+	echo 16384 >"$TRACEFS/buffer_size_kb"
+	: >"$TRACEFS/trace"
+	for spec; do
+		ev=${spec%%:*}
+		[ -d "$TRACEFS/events/dm_qcow2/$ev" ] ||
+			fail "no trace event dm_qcow2:$ev" || return 1
+		if [ "$spec" != "$ev" ]; then
+			echo "${spec#*:}" >"$TRACEFS/events/dm_qcow2/$ev/filter"
+		else
+			echo 0 >"$TRACEFS/events/dm_qcow2/$ev/filter"
+		fi
+		echo 1 >"$TRACEFS/events/dm_qcow2/$ev/enable"
+	done
+	echo 1 >"$TRACEFS/tracing_on"
+}
+
+# trace_count EVENT [FIELD]: stop recording; how many EVENT lines were
+# recorded since trace_start, or the sum of their FIELD values. Fails when
+# the buffer lost events.
+trace_count() {
+	echo 0 >"$TRACEFS/tracing_on"
+	! grep -q '^overrun: [1-9]' "$TRACEFS"/per_cpu/cpu*/stats ||
+		fail "the trace buffer lost events" || return 1
+	awk -v ev="$1:" -v f="${2:-}" '{
+		for (i = 1; i < NF; i++) {
+			if ($i != ev)
+				continue
+			if (f == "")
+				n++
+			for (j = i + 1; f != "" && j < NF; j++)
+				if ($j == f) {
+					n += $(j + 1)
+					break
+				}
+			break
+		}
+	} END { print n + 0 }' "$TRACEFS/trace"
+}
+
+# trace_positive EVENT...: fail unless each EVENT was recorded since
+# trace_start (the filters set there apply), and log the counts.
+trace_positive() {
+	local ev n
+	for ev; do
+		n=$(trace_count "$ev") || return 1
+		log "trace: $ev $n"
+		[ "$n" -gt 0 ] || fail "no $ev event" || return 1
+	done
+}
+
 # Sectors of a qcow2 image's virtual size.
 img_sectors() {
 	qemu-img info -U --output=json "$1" |

@@ -450,7 +450,6 @@ test_gathered() {
 			echo "$k 0 $((b + ${z% *})) ${z#* }" >>expect
 		done
 	done
-	log "stats: $(dmsetup message q 0 stats)"
 	lw_down || return 1
 	crash_points "$PWD/base.qcow2" "$(crash_max 12 60)" check_point ||
 		return 1

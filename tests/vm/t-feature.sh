@@ -722,9 +722,8 @@ test_messages() {
 		fail "cache bound not raised" || return 1
 	dmsetup message ms 0 cache_size 0 2>/dev/null &&
 		fail "cache_size 0 accepted" && return 1
-	# The counters, in their order; no corruption met
-	dmsetup message ms 0 stats | grep -qxE \
-		'parked [0-9]+ gathered [0-9]+ batched [0-9]+ corruptions 0 merged [0-9]+' ||
+	# No corruption met
+	[ "$(dmsetup message ms 0 stats)" = "corruptions 0" ] ||
 		fail "stats: '$(dmsetup message ms 0 stats)'" || return 1
 	dmsetup message ms 0 frobnicate 2>/dev/null &&
 		fail "an unknown message was accepted" && return 1

@@ -637,9 +637,10 @@ span_parked_case() {
 	set -- --filename="$WDEV" --direct=1 --ioengine=libaio --iodepth=8 \
 		--name=pp --rw=write --bs=$((1048576 + 4096)) --offset=4096 \
 		--size=40M --verify=crc32c --verify_fatal=1
+	not_dm || trace_start qcow2_park || return 1
 	must fio "$@" --iodepth_batch_submit=8 --do_verify=1 >/dev/null ||
 		return 1
-	stats_positive pp parked || return 1
+	not_dm || trace_positive qcow2_park || return 1
 	dump_dev "$WDEV" ref.raw || return 1
 	wdev_remove pp || return 1
 	img_check "$img" || return 1
@@ -684,24 +685,10 @@ test_buffered_merge() {
 	cd .. && rm -rf bm
 }
 
-# The value of counter $1 in a stats message answer $2 (0 when absent)
-stats_field() {
-	echo "$2" | awk -v k="$1" '{ for (i = 1; i < NF; i++)
-		if ($i == k) v = $(i + 1) } END { print v + 0 }'
-}
-
-# stats_positive NAME COUNTER...: on dm, log device NAME's stats message
-# and fail unless every COUNTER in it is above zero.
-stats_positive() {
-	local name=$1 st c
-	shift
-	[ "$WRITE_DEV" = dm ] || return 0
-	st=$(dmsetup message "$name" 0 stats) || fail "no stats" || return 1
-	log "stats: $st"
-	for c; do
-		[ "$(stats_field "$c" "$st")" -gt 0 ] ||
-			fail "no write counted as $c: $st" || return 1
-	done
+# True when the tests run on another implementation (WRITE_DEV=nbd): the
+# trace checks are for dm-qcow2 only.
+not_dm() {
+	[ "$WRITE_DEV" != dm ]
 }
 
 # Page-cache write-back into new clusters sends a 4 KiB bio per page: the
@@ -711,8 +698,8 @@ stats_positive() {
 # a raw copy alike (tests/vm/gather-writes.py): whole clusters; every
 # other page; pages out of order with gaps; pages in a zero cluster
 # (v3); a page in place. The device (read back with direct I/O) and the
-# image must show what the raw copy shows, and the stats message must
-# count gathered writes.
+# image must show what the raw copy shows, and the trace must show writes
+# gathered, and held writes written in batches.
 gather_case() {
 	local opts=$1 backend=${2:-} img
 	newdir ga || return 1
@@ -723,9 +710,11 @@ gather_case() {
 	must qemu-img convert -O raw "$img" ref.raw || return 1
 	[ "$backend" != loop ] || grow_for_loop "$img" || return 1
 	wdev_create ga "$img" $backend || return 1
+	not_dm || trace_start qcow2_gather 'qcow2_batch:held > 1' ||
+		return 1
 	must python3 "$QCOW2_TOP/tests/vm/gather-writes.py" "$WDEV" ref.raw ||
 		return 1
-	stats_positive ga gathered batched || return 1
+	not_dm || trace_positive qcow2_gather qcow2_batch || return 1
 	dump_dev "$WDEV" dev.raw || return 1
 	must cmp ref.raw dev.raw || return 1
 	wdev_remove ga || return 1
@@ -747,7 +736,7 @@ test_gather_c64k_loop()	{ gather_case cluster_size=64k loop; }
 # one. The zero cluster at 20M (v3) is fresh, but shares its batch with
 # clusters that are not, so it too goes its own way.
 test_gather_backing() {
-	local img base st
+	local img base n
 	dm_only || return 0
 	newdir gb || return 1
 	img=$PWD/o.qcow2
@@ -760,12 +749,12 @@ test_gather_backing() {
 		return 1
 	must qemu-img convert -O raw "$img" ref.raw || return 1
 	DM_LEN=$((32 << 11)) dm_create gb "$img 2 backing $base" || return 1
+	trace_start 'qcow2_batch:held > 1' || return 1
 	must python3 "$QCOW2_TOP/tests/vm/gather-writes.py" /dev/mapper/gb \
 		ref.raw || return 1
-	st=$(dmsetup message gb 0 stats) || fail "no stats" || return 1
-	log "stats: $st"
-	[ "$(stats_field batched "$st")" = 0 ] ||
-		fail "a batch over a backing layer was written as one: $st" ||
+	n=$(trace_count qcow2_batch) || return 1
+	[ "$n" = 0 ] ||
+		fail "$n batches over a backing layer written as one" ||
 		return 1
 	dump_dev /dev/mapper/gb dev.raw || return 1
 	must cmp ref.raw dev.raw || return 1
@@ -785,7 +774,7 @@ test_gather_backing() {
 # the slices: its bios park while they load, how many depends on the
 # scheduler, so it is only logged.)
 test_writeback_merge() {
-	local img st p0 m0 n p m
+	local img n p m
 	dm_only || return 0
 	newdir wm || return 1
 	img=$PWD/m.qcow2
@@ -798,17 +787,17 @@ test_writeback_merge() {
 			return 1
 		must dd if=d.raw of=ref.raw bs=1M seek=4 conv=notrunc \
 			status=none || return 1
+		trace_start qcow2_park qcow2_file_merge || return 1
 		must dd if=d.raw of=/dev/mapper/wm bs=1M seek=4 conv=fsync \
 			status=none || return 1
-		st=$(dmsetup message wm 0 stats) || fail "no stats" || return 1
-		log "write $n: $st"
-		p0=${p:-0} m0=${m:-0}
-		p=$(stats_field parked "$st") m=$(stats_field merged "$st")
+		p=$(trace_count qcow2_park) &&
+			m=$(trace_count qcow2_file_merge bios) || return 1
+		log "write $n: $p bios parked, $m merged"
 	done
-	[ $((p - p0)) = 0 ] ||
-		fail "$((p - p0)) bios parked with the slices cached" || return 1
-	[ $((m - m0)) -ge 1024 ] ||
-		fail "$((m - m0)) of 2048 write-back bios merged" || return 1
+	[ "$p" = 0 ] ||
+		fail "$p bios parked with the slices cached" || return 1
+	[ "$m" -ge 1024 ] ||
+		fail "$m of 2048 write-back bios merged" || return 1
 	dump_dev /dev/mapper/wm dev.raw || return 1
 	must cmp ref.raw dev.raw || return 1
 	dm_remove wm || return 1
