@@ -8,7 +8,7 @@ KDIR ?= $(firstword $(wildcard /lib/modules/$(KVER)/build) \
 	$(shell ls -d /usr/src/linux-headers-*-amd64 2>/dev/null | sort -V | tail -n 1))
 
 .PHONY: all modules install clean check unit test style sparse w1 bench bench-quick \
-	debug-test
+	bench-publish debug-test
 
 all: modules
 
@@ -52,7 +52,7 @@ check test:
 	scripts/run-tests
 
 # The VM suite under a KASAN/lockdep/kmemleak kernel (hours under TCG;
-# not in CI; README "Debug kernel")
+# not in CI; Documentation/dev/developer-guide.md, "The debug kernel")
 debug-test:
 	scripts/debug-kernel run
 
@@ -62,3 +62,10 @@ bench:
 
 bench-quick:
 	scripts/bench --quick
+
+# The last bench report, as the tool wrote it, becomes the repository's
+# (Documentation/benchmarks/report.md and its chart.svg)
+bench-publish:
+	@for f in report.md chart.svg; do test -f out/bench/$$f || \
+		{ echo "no out/bench/$$f: run make bench (chart.svg needs gnuplot)" >&2; exit 1; }; done
+	cp out/bench/report.md out/bench/chart.svg Documentation/benchmarks/

@@ -370,7 +370,7 @@ run_one() {
 		# on a huge page or on 256 scattered ones as the address falls,
 		# and the scattered one costs the disk two requests of 254
 		# segments: a run's speed then changed by 1.7x with no change
-		# in the device (Documentation/benchmarks/2026-12-03-sr1m.md).
+		# in the device (Documentation/benchmarks/history.md).
 		fio --name="$wl" --filename="$DEV" --rw="$a" --bs="$b" \
 			--iodepth="$c" --numjobs="$d" --direct=1 --ioengine=libaio \
 			--iomem_align=2m \

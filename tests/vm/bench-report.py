@@ -114,6 +114,63 @@ def make_record(kind, path, args):
 
 # ---- report --------------------------------------------------------------
 
+def run_info(d):
+    """How the run was made: bench-host.txt (scripts/bench: the command
+    line, the date, the host), vm-run.log (the accelerator vm-run chose)
+    and bench-env.txt (the guest: mode, sizes, kernel, CPUs, tools)."""
+    info = {"tools": []}
+    for name in ("bench-host.txt", "bench-env.txt"):
+        p = os.path.join(d, name)
+        if not os.path.exists(p):
+            continue
+        with open(p) as f:
+            for line in f.read().splitlines():
+                line = line.strip()
+                if line.startswith(("command=", "disk=", "date=")):
+                    k, v = line.split("=", 1)
+                    info[k] = v
+                elif line.startswith("model name"):
+                    info["cpu"] = line.split(":", 1)[1].strip()
+                elif line.startswith(("fio-", "qemu-nbd")):
+                    info["tools"].append(line)
+                else:
+                    for tok in line.split():
+                        k, _, v = tok.partition("=")
+                        info[k] = v or "yes"
+    p = os.path.join(d, "vm-run.log")
+    if os.path.exists(p):
+        with open(p) as f:
+            m = re.search(r"\(kernel [^,]+, (kvm|tcg)\)", f.read())
+        if m:
+            info["accel"] = m.group(1)
+    return info
+
+
+def env_lines(info):
+    """The opening list of the report: command line, machine, run."""
+    def g(k, unit=""):
+        return info[k] + unit if info.get(k) else "not recorded"
+    accel = {"tcg": "TCG (emulation, no KVM)", "kvm": "KVM"}.get(
+        info.get("accel"), "accelerator not recorded")
+    runs = "%s mode, %s MiB images, %s runs, %s round%s" % (
+        g("mode"), g("size_mb"), g("runtime", " s"), g("rounds"),
+        "" if info.get("rounds") == "1" else "s")
+    if info.get("profiled"):
+        runs += ", profiled with perf (its cost is in every figure)"
+    host = "; host: %s cores" % info["host_cpus"] \
+        if info.get("host_cpus") else ""
+    return [
+        "Command: %s%s" % ("`%s`" % info["command"] if info.get("command")
+                           else "not recorded",
+                           ", " + info["date"] if info.get("date") else ""),
+        "Guest: Linux %s, %s vCPUs (%s), %s%s" % (
+            g("kernel"), g("cpus"), g("cpu"), accel, host),
+        "Scratch disk: %s" % g("disk"),
+        "Runs: %s; guest time %s" % (runs, g("guest_seconds", " s")),
+        "Tools: %s" % ("; ".join(info["tools"]) or "not recorded"),
+    ]
+
+
 def unit_of(wl):
     """Random 4 KiB workloads count IOPS, the rest MB/s."""
     return "IOPS" if "4k" in wl and not wl.startswith("dd-") else "MB/s"
@@ -234,6 +291,21 @@ def target_table(summary, big):
     return t, m, out
 
 
+def target_summary(targets):
+    """One line: how many target rows were met, and the short ones."""
+    judged = [t for t in targets if t["got"] is not None]
+    short = defaultdict(list)
+    for t in judged:
+        if not t["met"]:
+            short[t["target"]].append("%s %s %.2f" % (t["state"], t["workload"],
+                                                      t["got"]))
+    line = "Met: %d of %d." % (sum(t["met"] for t in judged), len(judged))
+    if short:
+        line += " Short: " + "; ".join("%s: %s" % (k, ", ".join(v))
+                                       for k, v in short.items()) + "."
+    return line
+
+
 def cmd_report(args):
     d = args[0]
     recs = load_raw(d)
@@ -282,6 +354,7 @@ def cmd_report(args):
     if os.path.exists(p):
         with open(p) as f:
             env = f.read().strip()
+    info = run_info(d)
 
     ratio_cols = ["dm-file/loop", "dm-file/nbd", "dm-loop/loop",
                   "dm-loop/nbd", "nbd/loop"]
@@ -362,14 +435,11 @@ def cmd_report(args):
     big_txt, big_md = table(bh, brows)
 
     tgt_txt, tgt_md, targets = target_table(summary, big)
+    tgt_sum = target_summary(targets)
 
     errors = [r for r in recs if "error" in r or r.get("rc", 0) != 0]
 
-    intro = [
-        "dm-qcow2 benchmark",
-        "",
-        NOTE,
-        "",
+    units = (
         "Units: IOPS for 4 KiB random fio runs, MB/s (10^6 bytes/s) for "
         "the rest. Ratios: a device's figure over loop-raw's (loop with "
         "direct I/O on a raw file: preallocated with data for 'prealloc', "
@@ -382,47 +452,68 @@ def cmd_report(args):
         "moves over minutes, and within a round a workload runs on the "
         "devices one after the other, so the paired median is the "
         "steadier figure: the targets are judged on it when there are "
-        "several rounds.",
-        "",
-    ]
+        "several rounds.")
+    # (title, what the table shows, text table, markdown table)
     sections = [
-        ("Targets of issue 6 (dm-file, the file backend; with several "
-         "rounds each ratio is the median of the rounds' own ratios, "
-         "listed under 'rounds'; 'short by' is "
-         "how far below the target it is; reasons for the misses: the "
-         "Performance section of "
-         "Documentation/admin-guide/device-mapper/dm-qcow2.rst)",
+        ("Targets",
+         "The targets of issue 6, judged on dm-file (the file backend). "
+         "With several rounds each ratio is the median of the rounds' own "
+         "ratios, listed under 'rounds'; 'short by' is how far below the "
+         "target it is. Why the misses: Documentation/benchmarks/"
+         "history.md.\n\n" + tgt_sum,
          tgt_txt, tgt_md),
-        ("Throughput", main_txt, main_md),
-        ("System CPU time per I/O (whole guest, microseconds, measured "
-         "while the device is busy, away from the start and end of the "
-         "run; qemu-nbd's user time is added in the last column). The "
-         "guest's fixed costs (timer ticks, clock reads) are spread over "
-         "the I/Os done: a run the host slowed shows more CPU per I/O "
-         "for that reason alone, so compare devices here only where "
-         "their throughput is alike",
+        ("Throughput", units, main_txt, main_md),
+        ("System CPU time per I/O",
+         "Whole guest, microseconds, measured while the device is busy, "
+         "away from the start and end of the run; qemu-nbd's user time is "
+         "added in the last column. The guest's fixed costs (timer ticks, "
+         "clock reads) are spread over the I/Os done: a run the host "
+         "slowed shows more CPU per I/O for that reason alone, so compare "
+         "devices here only where their throughput is alike.",
          cpu_txt, cpu_md),
-        ("dm-qcow2 L2 cache memory after each run (bytes)", mem_txt, mem_md),
-        ("1 TiB vs 1 GiB virtual size, same 256 MiB working set (dm-file)",
-         big_txt, big_md),
+        ("L2 cache memory",
+         "dm-qcow2's L2 cache memory after each run, in bytes, and its "
+         "bound.", mem_txt, mem_md),
+        ("1 TiB vs 1 GiB virtual size",
+         "dm-file, the same 256 MiB working set on a 1 GiB and a 1 TiB "
+         "image.", big_txt, big_md),
     ]
-    txt = intro + [env, ""]
-    md = ["# " + intro[0], ""] + intro[2:] + ["```", env, "```", ""]
-    for title, t, m in sections:
-        txt += [title, "", t, ""]
-        md += ["## " + title, "", m, ""]
+
+    chart(d, summary)
+    have_chart = os.path.exists(os.path.join(d, "chart.svg"))
+    chart_text = ("chart.svg, beside this report: each device's ratio to "
+                  "loop-raw per workload (log scale; with several rounds "
+                  "the paired medians), and dm-file over qemu-nbd."
+                  if have_chart else "No chart (gnuplot missing or failed).")
+
+    # The command line and the machine first, then the targets, the
+    # tables and the chart
+    head = env_lines(info)
+    txt = ["dm-qcow2 benchmark", "", "How it was run:"]
+    txt += ["  " + x.replace("`", "") for x in head] + ["", NOTE, ""]
+    md = ["# dm-qcow2 benchmark", "", "## How it was run", ""]
+    md += ["- " + x for x in head] + ["", NOTE, ""]
+    for title, text, t, m in sections:
+        txt += [title + ": " + text, "", t, ""]
+        md += ["## " + title, "", text, "", m, ""]
     if errors:
         txt.append("Failed runs:")
-        md.append("## Failed runs\n")
+        md += ["## Failed runs", ""]
         for r in errors:
             s = "  %s %s %s: rc %s %s" % (r["state"], r["dev"], r["wl"],
                                           r.get("rc"), r.get("error", ""))
-            txt.append(s)
-            md.append("-" + s[1:])
+            txt.append(s.rstrip())
+            md.append("-" + s[1:].rstrip())
+        txt.append("")
+        md.append("")
+    txt.append("Chart: " + chart_text)
+    md += ["## Chart", "", chart_text, ""]
+    if have_chart:
+        md += ["![dm-qcow2 over loop-raw and qemu-nbd](chart.svg)", ""]
     with open(os.path.join(d, "report.txt"), "w") as f:
         f.write("\n".join(txt) + "\n")
     with open(os.path.join(d, "report.md"), "w") as f:
-        f.write("\n".join(md) + "\n")
+        f.write("\n".join(md).rstrip("\n") + "\n")
 
     with open(os.path.join(d, "results.csv"), "w", newline="") as f:
         keys = ["state", "dev", "wl", "kind", "rc", "iops", "mbps", "ios",
@@ -434,12 +525,11 @@ def cmd_report(args):
         for r in recs:
             w.writerow(r)
     with open(os.path.join(d, "results.json"), "w") as f:
-        json.dump({"note": NOTE, "env": env, "records": recs,
+        json.dump({"note": NOTE, "env": env, "run": info, "records": recs,
                    "summary": summary, "big_image": big,
                    "targets": targets}, f, indent=1,
                   sort_keys=True)
 
-    chart(d, summary)
     print("\n".join(txt))
 
 
