@@ -406,7 +406,12 @@ int qcow2_snapshot_entry_len(const void *buf, u32 *len, const char **err)
 	return 0;
 }
 
-/* A whole snapshot table entry of @len bytes (qcow2_snapshot_entry_len()). */
+/*
+ * A snapshot table entry of @len bytes: at least up to the end of its
+ * name, as QEMU writes the last entry of a table (its padding to 8 bytes,
+ * which qcow2_snapshot_entry_len() counts, may lie past the end of the
+ * image).
+ */
 int qcow2_snapshot_parse(const struct qcow2_header *h, const void *buf,
 			 u32 len, struct qcow2_snapshot *s, const char **err)
 {
@@ -417,9 +422,11 @@ int qcow2_snapshot_parse(const struct qcow2_header *h, const void *buf,
 	r = qcow2_snapshot_entry_len(buf, &need, err);
 	if (r)
 		return r;
+	extra = qcow2_get_be32(b + 36);
+	need = QCOW2_SNAPSHOT_HEADER_LEN + extra + ((u32)b[12] << 8 | b[13]) +
+	       ((u32)b[14] << 8 | b[15]);
 	if (len < need)
 		return fail(err, "Snapshot table entry truncated", -EINVAL);
-	extra = qcow2_get_be32(b + 36);
 	s->l1_table_offset = qcow2_get_be64(b);
 	s->l1_size = qcow2_get_be32(b + 8);
 	s->id_len = (u32)b[12] << 8 | b[13];

@@ -35,11 +35,18 @@ static enum snapshot_match snapshot_match(const u8 *b,
 	return SNAP_NONE;
 }
 
-/* Read the entry at @off into a new buffer, parse it into @s. */
+/*
+ * Read the entry at @off into a new buffer, parse it into @s; *@len gets
+ * its length with padding, the step to the next entry. The padding of
+ * the table's last entry may lie past the end of the image: what is there
+ * is read.
+ */
 static int read_snapshot(struct qcow2 *q, u64 off, u8 **buf, u32 *len,
 			 struct qcow2_snapshot *s, const char **err)
 {
 	u8 fixed[QCOW2_SNAPSHOT_HEADER_LEN];
+	u64 size = READ_ONCE(q->io.size);
+	u32 avail;
 	int r;
 
 	*buf = NULL;
@@ -48,12 +55,13 @@ static int read_snapshot(struct qcow2 *q, u64 off, u8 **buf, u32 *len,
 		r = qcow2_snapshot_entry_len(fixed, len, err);
 	if (r)
 		return r;
-	*buf = kmalloc(*len, GFP_KERNEL);
+	*buf = kzalloc(*len, GFP_KERNEL);
 	if (!*buf)
 		return -ENOMEM;
-	r = qcow2_io_read_meta(&q->io, *buf, *len, off);
+	avail = off < size ? min_t(u64, *len, size - off) : 0;
+	r = qcow2_io_read_meta(&q->io, *buf, avail, off);
 	if (!r)
-		r = qcow2_snapshot_parse(&q->hdr, *buf, *len, s, err);
+		r = qcow2_snapshot_parse(&q->hdr, *buf, avail, s, err);
 	return r;
 }
 

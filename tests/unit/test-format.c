@@ -1717,6 +1717,11 @@ static void test_snapshot_entry(void)
 	CHECK(!memcmp(b + sn.id_off, "1", 1));
 	CHECK(!memcmp(b + sn.name_off, "snap", 4));
 
+	/* The last entry of a table: its padding may be missing */
+	CHECK_EQ(qcow2_snapshot_parse(&h, b, 40 + 16 + 5, &sn, &err), 0);
+	CHECK_EQ(qcow2_snapshot_parse(&h, b, 40 + 16 + 4, &sn, &err), -EINVAL);
+	CHECK_STR(err, "Snapshot table entry truncated");
+
 	/* No disk size recorded in short extra data */
 	len = build_snapshot(b, 7 * C64K, 2, 8, 0);
 	CHECK_EQ(qcow2_snapshot_parse(&h, b, len, &sn, &err), 0);
