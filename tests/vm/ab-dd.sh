@@ -13,8 +13,8 @@
 # the guest's own). Each round and module: create the device on a
 # preallocated 1 GiB image, a 100 MB dsync dd just after create (slices
 # not cached), the same into loop, the dd again (slices cached). Each dd
-# line gives MB/s and the guest's system CPU
-# seconds (system, irq and softirq ticks) it took.
+# line gives MB/s and the guest's system CPU seconds (system, irq and
+# softirq ticks) it took.
 #
 # --empty-direct: the bench's dd-w100M-direct row on an empty image
 # instead, ten 100 MB direct writes from /dev/zero into a new empty image

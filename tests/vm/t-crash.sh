@@ -191,7 +191,7 @@ check_no_corruption() {
 	qemu-img check "$1" >check.out 2>&1 || rc=$?
 	[ $rc = 0 ] || [ $rc = 3 ] ||
 		{ tail -n 20 check.out >&2; fail "qemu-img check: exit $rc"; return 1; }
-	[ $rc = 0 ] || LEAKY=$((LEAKY + 1))
+	[ $rc = 0 ] || LEAKY=$((${LEAKY:-0} + 1))
 }
 
 # check_expect IMG K: the data of steps 1..K reads back from IMG.
