@@ -1075,10 +1075,10 @@ static bool file_can_merge(struct bio *a, u64 end, struct bio *b)
 }
 
 /*
- * Submit the bios chained from @bio (through bi_next), merging runs that
- * continue each other in the file (a page cache's 4 KiB write-back bios,
- * which no request queue merges above a bio-based target) into one
- * kiocb of at most BIO_MAX_VECS segments.
+ * Submit the bios chained from @bio (through bi_next), in the order they
+ * were queued, merging runs that continue each other in the file (a page
+ * cache's 4 KiB write-back bios, which no request queue merges above a
+ * bio-based target) into one kiocb of at most BIO_MAX_VECS segments.
  */
 static void file_submit_batch(struct qcow2_io *io, struct bio *bio)
 {
@@ -1125,43 +1125,6 @@ static void file_submit_work(struct work_struct *work)
 }
 
 /*
- * Sort a chain of queued bios by their place in the file, stably, so that
- * bios which continue each other meet in file_submit_batch() even when
- * their workers queued them out of order. Bios in flight together have no
- * order between them.
- */
-static struct bio *file_sort(struct bio *list)
-{
-	struct bio *a = list, *b, *mid, **tail, *out;
-	struct qcow2_bio *pa, *pb;
-
-	if (!list || !list->bi_next)
-		return list;
-	/* Split in two halves: @mid steps twice as fast as @a */
-	for (mid = list->bi_next; mid && mid->bi_next; mid = mid->bi_next->bi_next)
-		a = a->bi_next;
-	b = a->bi_next;
-	a->bi_next = NULL;
-	a = file_sort(list);
-	b = file_sort(b);
-	tail = &out;
-	while (a && b) {
-		pa = dm_per_bio_data(a, sizeof(*pa));
-		pb = dm_per_bio_data(b, sizeof(*pb));
-		if (pb->pos < pa->pos) {
-			*tail = b;
-			b = b->bi_next;
-		} else {
-			*tail = a;
-			a = a->bi_next;
-		}
-		tail = &(*tail)->bi_next;
-	}
-	*tail = a ? a : b;
-	return out;
-}
-
-/*
  * Submit what qcow2_io_file_queue() and io_queue_waited() queued, until
  * both queues stay empty: the waited I/O first (a mapping worker sleeps
  * on each).
@@ -1189,7 +1152,7 @@ static void io_queue_work(struct work_struct *work)
 			list_del(&w->node);
 			io_waited_submit(w);
 		}
-		file_submit_batch(io, file_sort(bio));
+		file_submit_batch(io, bio);
 		blk_finish_plug(&plug);
 	}
 }

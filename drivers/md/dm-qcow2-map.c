@@ -53,7 +53,7 @@
  *     is dropped once that change is durable (qcow2_defer_free()).
  *  7. The I/O backend (dm-qcow2-io.c): bios to a block device go down as
  *     they are; file bios join one queue that one work item drains,
- *     sorted, merging those that continue each other into one kiocb.
+ *     merging those that continue each other into one kiocb.
  *  8. The metadata stays in the cache until a flush, a FUA write or a
  *     full cache writes it back (qcow2_sync(), dm-qcow2-writeback.c):
  *     refcounts, a flush, L1 and L2 entries, a flush. Concurrent flushes
