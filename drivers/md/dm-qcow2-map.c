@@ -583,14 +583,18 @@ static bool inflight_begin_or_park(struct qcow2 *q, struct qcow2_bio *pb,
 	 */
 	spin_lock(&q->lock);
 	holder = inflight_holder_locked(q, first, n);
-	if (holder)
-		bio_list_add(&holder->waiters, bio);
-	else
-		hlist_add_head(&pb->inflight, inflight_bucket(q, first));
-	spin_unlock(&q->lock);
-	if (holder)
+	if (holder) {
+		/*
+		 * Traced under the lock: once it is dropped the holder may
+		 * end, and take this bio with it.
+		 */
 		trace_qcow2_park(q, bio_voff(bio),
 				 holder->vcluster << q->hdr.cluster_bits);
+		bio_list_add(&holder->waiters, bio);
+	} else {
+		hlist_add_head(&pb->inflight, inflight_bucket(q, first));
+	}
+	spin_unlock(&q->lock);
 	return !holder;
 }
 
