@@ -378,6 +378,17 @@ static int init_cache(struct qcow2 *q)
 	return r;
 }
 
+/* What load_metadata() reads into memory */
+static void free_tables(struct qcow2 *q)
+{
+	kvfree(q->l1);
+	kvfree(q->reftable);
+	kfree(q->hdr_block);
+	q->l1 = NULL;
+	q->reftable = NULL;
+	q->hdr_block = NULL;
+}
+
 /*
  * Read and validate the header, L1 table and (writable) refcounts. Used at
  * table load, and again before each resume: a table loaded while another
@@ -387,13 +398,7 @@ static int load_metadata(struct qcow2 *q, const char **err)
 {
 	int r;
 
-	kvfree(q->l1);
-	kvfree(q->reftable);
-	kfree(q->hdr_block);
-	q->l1 = NULL;
-	q->reftable = NULL;
-	q->hdr_block = NULL;
-
+	free_tables(q);
 	r = read_header(q, err);
 	if (r) {
 		if (r != -EINVAL)
@@ -741,10 +746,5 @@ void qcow2_close_image(struct qcow2 *q)
 	qcow2_alloc_exit(q);
 	kfree(q->table_buf);
 	q->table_buf = NULL;
-	kvfree(q->reftable);
-	kvfree(q->l1);
-	kfree(q->hdr_block);
-	q->l1 = NULL;
-	q->reftable = NULL;
-	q->hdr_block = NULL;
+	free_tables(q);
 }
