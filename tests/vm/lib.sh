@@ -52,8 +52,9 @@ trace_start() {
 			echo "${spec#*:}" >"$TRACEFS/events/dm_qcow2/$ev/filter"
 		else
 			echo 0 >"$TRACEFS/events/dm_qcow2/$ev/filter"
-		fi
-		echo 1 >"$TRACEFS/events/dm_qcow2/$ev/enable"
+		fi || fail "bad filter for $ev: ${spec#*:}" || return 1
+		echo 1 >"$TRACEFS/events/dm_qcow2/$ev/enable" ||
+			fail "cannot enable dm_qcow2:$ev" || return 1
 	done
 	echo 1 >"$TRACEFS/tracing_on"
 }
