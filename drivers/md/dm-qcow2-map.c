@@ -37,14 +37,15 @@
  *     each other form one batch of up to QCOW2_BATCH_BYTES. By the time
  *     the holder's worker runs, the writes into its cluster have parked
  *     on it.
- *  5. The worker (write_work()) writes new clusters whole, data first:
- *     a batch or span of fresh clusters (nothing to copy) gets one
- *     allocation and one data write (write_batch(), write_fresh());
- *     otherwise cluster by cluster (write_each(), write_allocating()):
+ *  5. The worker (write_work()) writes new clusters whole, data first.
+ *     Clusters with nothing to copy into them (unallocated without a
+ *     backing file, zero clusters), one, a span or a batch, get one
+ *     allocation and one data write, which also takes the writes parked
+ *     on them and zeros between (write_fresh_held(), write_fresh()).
+ *     Other clusters go one at a time (write_each(), write_allocating()):
  *     the L2 table made or copied (qcow2_l2_for_write()), a cluster
- *     allocated (its refcount raised in the cache), the bio's data, the
- *     parked writes that fall in that cluster (gather_parked()) and the
- *     fill (zeros, or the old data of a shared, compressed or backing
+ *     allocated (its refcount raised in the cache), and the bio's data
+ *     with the old data around it (of a shared, compressed or backing
  *     cluster) written as one. With subclusters only the subclusters
  *     written are (write_subclusters()).
  *  6. Only then is the L2 entry set, in the cached slice
@@ -1128,7 +1129,7 @@ static int write_subclusters(struct qcow2 *q, struct bio *bio,
 	return 0;
 }
 
-/* ---- Writes gathered into an allocating one ---- */
+/* ---- Parked writes joining an allocating one ---- */
 
 static bool bio_within(struct bio *bio, u64 start, u64 len)
 {
@@ -1237,91 +1238,15 @@ static unsigned int gather_sort(struct qcow2 *q, struct qcow2_bio *holder,
 }
 
 /*
- * Take from @holder's parked writes those that can share @bio's write
- * into its new cluster. Returns them with @bio in @*out, sorted by
- * guest offset, and how many (1: @bio alone; @*out NULL).
- */
-static unsigned int gather_parked(struct qcow2 *q, struct qcow2_bio *holder,
-				  struct bio *bio, struct bio ***out)
-{
-	struct bio_list cand;
-	struct bio **v, *b;
-	unsigned int n, i;
-
-	*out = NULL;
-	bio_list_init(&cand);
-	n = take_gatherable(q, holder, bio, &cand);
-	if (!n)
-		return 1;
-	v = qcow2_kmalloc_array(n + 1, sizeof(*v), QCOW2_GFP_TRY);
-	if (!v) {
-		park_again(q, holder, &cand);
-		return 1;
-	}
-	v[0] = bio;
-	for (i = 1; (b = bio_list_pop(&cand)); i++)
-		v[i] = b;
-	n = gather_sort(q, holder, v, n + 1);
-	if (n == 1) {
-		kfree(v);
-		return 1;
-	}
-	*out = v;
-	return n;
-}
-
-/*
- * The data of an allocating write into its new cluster. A cluster filled
- * with zeros also takes, with @holder (the slot holder, whose bio this
- * is), the writes parked on it that fall in that cluster, in the same
- * write: sixteen 4 KiB bios of write-back to a new cluster go down as
- * one write rather than one and then fifteen, each through a worker.
- * Their bios are returned in @*v (@*n of them, @bio among them) for the
- * caller to end once the L2 entry is set.
- */
-static int write_target(struct qcow2 *q, struct bio *bio,
-			const struct qcow2_wtarget *t,
-			struct qcow2_bio *holder, struct bio ***v,
-			unsigned int *n)
-{
-	*v = NULL;
-	*n = 1;
-	if (holder && !t->fill.src && !t->fill.buf)
-		*n = gather_parked(q, holder, bio, v);
-	if (*n == 1)
-		return write_cluster(q, bio, t->host, &t->fill, t->mark);
-	trace_qcow2_gather(q, bio_voff(bio), *n - 1);
-	return write_gathered(q, *v, *n,
-			      round_down(bio_voff(bio), q->hdr.cluster_size),
-			      q->hdr.cluster_size, t->host, t->mark);
-}
-
-/* End the bios gathered with @bio (write_target()), with @r. */
-static void end_gathered(struct bio *bio, struct bio **v, unsigned int n,
-			 int r)
-{
-	unsigned int i;
-
-	for (i = 0; i < n; i++)
-		if (v[i] != bio)
-			map_complete(v[i], r);
-	kfree(v);
-}
-
-/*
  * Write a bio to a cluster that needs a new host cluster or a zero flag
  * cleared. Data first, then the L2 entry; the old data's refcount is
  * dropped only after that L2 change is durable (qcow2_defer_free()).
- * @holder: the bio's in-flight slot is its cluster alone, and writes
- * parked on it may join (write_target()); else NULL.
  */
 static int write_allocating(struct qcow2 *q, struct bio *bio,
-			    struct qcow2_lookup *lk, struct qcow2_bio *holder)
+			    struct qcow2_lookup *lk)
 {
 	u64 voff = bio_voff(bio);
 	struct qcow2_wtarget t;
-	struct bio **v = NULL;
-	unsigned int n = 1;
 	int r;
 
 	r = qcow2_l2_for_write(q, voff, &lk->l2_off);
@@ -1333,7 +1258,7 @@ static int write_allocating(struct qcow2 *q, struct bio *bio,
 		return write_subclusters(q, bio, lk);
 	r = choose_target(q, lk, bio, &t);
 	if (!r)
-		r = write_target(q, bio, &t, holder, &v, &n);
+		r = write_cluster(q, bio, t.host, &t.fill, t.mark);
 	/* A whole new cluster: every subcluster allocated */
 	if (!r)
 		r = qcow2_set_l2_entry(q, lk->l2_off, voff,
@@ -1343,8 +1268,6 @@ static int write_allocating(struct qcow2 *q, struct bio *bio,
 		qcow2_refcount_update(q, t.host, -1);
 	if (!r && t.old && t.old != t.host)
 		qcow2_defer_free(q, t.old, t.old_len);
-	if (n > 1)
-		end_gathered(bio, v, n, r);
 	return r;
 }
 
@@ -1406,7 +1329,7 @@ static int span_kind(struct qcow2 *q, struct bio *bio, struct qcow2_lookup *lk)
 	}
 	if (in_place)
 		return SPAN_IN_PLACE;
-	return fresh && bio_clusters(q, bio) > 1 ? SPAN_FRESH : SPAN_MIXED;
+	return fresh ? SPAN_FRESH : SPAN_MIXED;
 }
 
 /*
@@ -1483,7 +1406,7 @@ static int write_one(struct qcow2 *q, struct bio *bio)
 		return write_bio_range(q, bio, 0, bio->bi_iter.bi_size,
 				       lk.m.host_offset +
 				       qcow2_cluster_offset(&q->hdr, voff));
-	return write_allocating(q, bio, &lk, NULL);
+	return write_allocating(q, bio, &lk);
 }
 
 /*
@@ -1575,10 +1498,12 @@ static int write_each(struct qcow2 *q, struct bio *bio)
 /*
  * The bios of a batch (@held: the slot holders) and the writes parked on
  * them that may join, sorted, in a new array (@*n of them), or NULL when
- * there is no memory for it: then nothing was taken.
+ * there is no memory for it: then nothing was taken. A single holder
+ * that nothing joins is returned in @one, without an allocation.
  */
 static struct bio **batch_bios(struct qcow2 *q, struct bio_list *held,
-			       unsigned int nr_held, unsigned int *n)
+			       unsigned int nr_held, unsigned int *n,
+			       struct bio **one)
 {
 	struct qcow2_bio *head = dm_per_bio_data(held->head, sizeof(*head));
 	struct bio_list cand;
@@ -1591,6 +1516,10 @@ static struct bio **batch_bios(struct qcow2 *q, struct bio_list *held,
 	bio_list_for_each(b, held) {
 		h = dm_per_bio_data(b, sizeof(*h));
 		*n += take_gatherable(q, h, b, &cand);
+	}
+	if (*n == 1) {
+		*one = held->head;
+		return one;
 	}
 	v = qcow2_kmalloc_array(*n, sizeof(*v), QCOW2_GFP_TRY);
 	if (!v) {
@@ -1607,40 +1536,86 @@ static struct bio **batch_bios(struct qcow2 *q, struct bio_list *held,
 	return v;
 }
 
-/* Let go of a batch's slots, and end its bios with @r. */
-static void end_batch(struct qcow2 *q, struct bio_list *held,
-		      struct bio **v, unsigned int n, int r)
+/*
+ * The end of the writes a worker served: let go of the slots of @held
+ * (slot holders: a batch, or one write), make the data durable if one of
+ * them is a FUA write, and end them, and the writes that joined them
+ * (@v[0..@n), where they are too, unless @v is NULL), with @r.
+ */
+static void end_held(struct qcow2 *q, struct bio_list *held,
+		     struct bio **v, unsigned int n, int r)
 {
-	struct bio *b;
+	struct bio *b, *head = held->head;
+	bool fua = false;
 	unsigned int i;
 
-	while ((b = bio_list_pop(held))) {
+	bio_list_for_each(b, held) {
 		inflight_end(q, dm_per_bio_data(b, sizeof(struct qcow2_bio)));
-		if (!v)
-			map_complete(b, r);
+		fua = fua || b->bi_opf & REQ_FUA;
 	}
-	for (i = 0; v && i < n; i++)
+	if (!r && fua)
+		r = qcow2_sync(q);
+	if (r && r != -EUCLEAN && r != -EOPNOTSUPP)
+		DMERR_LIMIT("%s: write at guest offset %llu failed: %d",
+			    qcow2_name(q), bio_voff(head), r);
+	if (!v) {
+		while ((b = bio_list_pop(held)))
+			map_complete(b, r);
+		return;
+	}
+	/* @held's bios are in @v: the list goes before they end */
+	bio_list_init(held);
+	for (i = 0; i < n; i++)
 		map_complete(v[i], r);
-	kfree(v);
+}
+
+/*
+ * Write @held, slot holders over the @nr guest clusters from @first that
+ * all need new ones with nothing to copy (@nr_held of them: a batch, or
+ * one write), together with the writes parked on them that fall in those
+ * clusters (batch_bios()), and end them all. The page cache writing an
+ * empty image sends a 4 KiB bio per page: the first of a cluster takes
+ * its slot, the others park on it and go down in the same write, zeros
+ * between them, rather than each through a worker after it. False, with
+ * nothing taken, without the memory for it.
+ */
+static bool write_fresh_held(struct qcow2 *q, struct bio_list *held,
+			     unsigned int nr_held, u64 first, u32 nr)
+{
+	u64 voff = bio_voff(held->head);
+	struct bio **v, *one;
+	unsigned int n;
+
+	v = batch_bios(q, held, nr_held, &n, &one);
+	if (!v)
+		return false;
+	if (nr_held > 1)
+		trace_qcow2_batch(q, voff, nr_held, n, nr);
+	if (n > nr_held)
+		trace_qcow2_gather(q, voff, n - nr_held);
+	end_held(q, held, v, n, write_fresh(q, v, n, first, nr));
+	if (v != &one)
+		kfree(v);
+	return true;
 }
 
 /*
  * A batch of held writes into clusters that follow each other, @bio
  * first (qcow2_unplug()). When they all need new clusters with nothing
- * to copy, they are written as one, with the writes parked on them
- * (write_fresh()): an empty image written back through the page cache
- * gets one allocation and one data write for up to QCOW2_BATCH_BYTES,
- * rather than one for each cluster, each in a worker of its own.
- * Otherwise, or without the memory for it, every write of the batch
- * goes its own way: false, and the caller serves @bio.
+ * to copy, they are written as one (write_fresh_held()): an empty image
+ * written back through the page cache gets one allocation and one data
+ * write for up to QCOW2_BATCH_BYTES, rather than one for each cluster,
+ * each in a worker of its own. Otherwise, or without the memory for it,
+ * every write of the batch goes its own way: false, and the caller
+ * serves @bio.
  */
 static bool write_batch(struct qcow2 *q, struct bio *bio)
 {
 	struct qcow2_bio *pb = dm_per_bio_data(bio, sizeof(*pb)), *h;
 	struct bio_list held = pb->batch;
-	unsigned int nr_held = 1, n = 0;
-	struct bio **v = NULL, *b;
+	unsigned int nr_held = 1;
 	u32 nr = pb->vcount;
+	struct bio *b;
 	int r;
 
 	bio_list_init(&pb->batch);
@@ -1651,28 +1626,17 @@ static bool write_batch(struct qcow2 *q, struct bio *bio)
 	}
 	bio_list_add_head(&held, bio);
 	r = fresh_range(q, pb->vcluster, nr);
-	if (r > 0)
-		v = batch_bios(q, &held, nr_held, &n);
-	if (!r || (r > 0 && !v)) {
-		bio_list_pop(&held);
-		while ((b = bio_list_pop(&held))) {
-			h = dm_per_bio_data(b, sizeof(*h));
-			queue_work(q->meta_wq, &h->work);
-		}
-		return false;
+	if (r < 0)
+		end_held(q, &held, NULL, 0, r);
+	if (r < 0 || (r > 0 &&
+		      write_fresh_held(q, &held, nr_held, pb->vcluster, nr)))
+		return true;
+	bio_list_pop(&held);
+	while ((b = bio_list_pop(&held))) {
+		h = dm_per_bio_data(b, sizeof(*h));
+		queue_work(q->meta_wq, &h->work);
 	}
-	if (r > 0) {
-		trace_qcow2_batch(q, bio_voff(bio), nr_held, n, nr);
-		if (n > nr_held)
-			trace_qcow2_gather(q, bio_voff(bio), n - nr_held);
-		r = write_fresh(q, v, n, pb->vcluster, nr);
-	}
-	if (r && r != -EUCLEAN)
-		DMERR_LIMIT("%s: write at guest offset %llu failed: %d",
-			    qcow2_name(q), bio_voff(bio),
-			    r);
-	end_batch(q, &held, v, n, r);
-	return true;
+	return false;
 }
 
 /*
@@ -1684,6 +1648,7 @@ static void write_work(struct qcow2 *q, struct bio *bio)
 {
 	struct qcow2_bio *pb = dm_per_bio_data(bio, sizeof(*pb));
 	struct qcow2_lookup lk;
+	struct bio_list held;
 	int r;
 
 	/*
@@ -1710,20 +1675,18 @@ static void write_work(struct qcow2 *q, struct bio *bio)
 			map_resolved(q, bio, &lk, true);
 		return;
 	}
+	bio_list_init(&held);
+	bio_list_add(&held, bio);
+	if (r == SPAN_FRESH &&
+	    write_fresh_held(q, &held, 1, pb->vcluster, pb->vcount))
+		return;
 	if (r == SPAN_FRESH)
 		r = write_fresh(q, &bio, 1, pb->vcluster, pb->vcount);
 	else if (r == SPAN_MIXED && bio_clusters(q, bio) > 1)
 		r = write_each(q, bio);
 	else if (r == SPAN_MIXED)
-		r = write_allocating(q, bio, &lk, pb);
-	inflight_end(q, pb);
-	if (!r && bio->bi_opf & REQ_FUA)
-		r = qcow2_sync(q);
-	if (r && r != -EUCLEAN && r != -EOPNOTSUPP)
-		DMERR_LIMIT("%s: write at guest offset %llu failed: %d",
-			    qcow2_name(q), bio_voff(bio),
-			    r);
-	map_complete(bio, r);
+		r = write_allocating(q, bio, &lk);
+	end_held(q, &held, NULL, 0, r);
 }
 
 /* ---- Discard ---- */
@@ -1908,7 +1871,7 @@ static int zero_partial(struct qcow2 *q, u64 voff, u32 len)
 		return zero_in_place(q, lk.m.host_offset +
 				     qcow2_cluster_offset(&q->hdr, voff), len);
 	zero_bio_init(q, &bio, voff, len);
-	r = write_allocating(q, &bio, &lk, NULL);
+	r = write_allocating(q, &bio, &lk);
 	bio_uninit(&bio);
 	return r;
 }
@@ -2110,7 +2073,7 @@ static void qcow2_unplug(struct blk_plug_cb *cb, bool from_schedule)
  * raid1 holds its writes: the writes that follow into a cluster being
  * allocated (a page cache's sixteen 4 KiB bios for a new 64 KiB cluster,
  * submitted under one plug) are then parked by the time the holder's
- * worker runs, which takes them into its own write (gather_parked()).
+ * worker runs, which takes them into its own write (write_fresh_held()).
  * Without the plug, that worker woken at once would often write the first
  * bio before the next was submitted.
  *

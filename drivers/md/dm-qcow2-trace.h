@@ -74,9 +74,10 @@ DEFINE_EVENT(qcow2_clusters, qcow2_free,
 );
 
 /*
- * An allocating write got its new cluster: what the guest cluster was
- * (the fill copied from it, unless the write covers it), where it was
- * and where it goes.
+ * A write served cluster by cluster got its new cluster: what the guest
+ * cluster was (the fill copied from it, unless the write covers it),
+ * where it was and where it goes. Runs of clusters with nothing to copy
+ * (write_fresh()) show as qcow2_alloc only.
  */
 TRACE_EVENT(qcow2_write_alloc,
 	TP_PROTO(struct qcow2 *q, u64 voff, int type, u64 old, u64 host),
