@@ -7,7 +7,7 @@
 # disk (/dev/vda, formatted here):
 #
 #   scripts/vm-run --fill --disk 4G --out DIR -- \
-#	tests/vm/ab-dd.sh [--empty-direct] A.ko B.ko [ROUNDS]
+#	tests/vm/ab-dd.sh [--empty | --empty-direct] A.ko B.ko [ROUNDS]
 #
 # The .ko files must be readable in the guest (not under /tmp, which is
 # the guest's own). Each round and module: create the device on a
@@ -16,6 +16,10 @@
 # line gives MB/s and the guest's system CPU seconds (system, irq and
 # softirq ticks) it took.
 #
+# --empty: the same, on a new empty image and a sparse raw file each
+# round and module: the dd cold allocates every cluster (write-back into
+# new clusters: parking, held batches), the dd after it writes in place.
+#
 # --empty-direct: the bench's dd-w100M-direct row on an empty image
 # instead, ten 100 MB direct writes from /dev/zero into a new empty image
 # and a sparse raw file, once a round and module. Unlike fio's buffers
@@ -23,7 +27,10 @@
 # pages happen to be contiguous, so bios begin and end inside clusters.
 set -u
 AB_DD_EMPTY=
-[ "${1:-}" != --empty-direct ] || { AB_EMPTY=1 AB_DD_EMPTY=1; shift; }
+case ${1:-} in
+--empty) AB_EMPTY=1; shift ;;
+--empty-direct) AB_EMPTY=1 AB_DD_EMPTY=1; shift ;;
+esac
 # shellcheck source=tests/vm/ab-lib.sh
 . "$(dirname "${BASH_SOURCE[0]}")/ab-lib.sh"
 ab_setup ab-dd
