@@ -1549,6 +1549,11 @@ static void end_held(struct qcow2 *q, struct bio_list *held,
 	bool fua = false;
 	unsigned int i;
 
+	/*
+	 * The slots go first: the L2 entries are set in the cache (or, on
+	 * an error, nothing changed), so the writes parked on them may go
+	 * on without waiting for a FUA write's sync.
+	 */
 	bio_list_for_each(b, held) {
 		inflight_end(q, dm_per_bio_data(b, sizeof(struct qcow2_bio)));
 		fua = fua || b->bi_opf & REQ_FUA;
@@ -1626,10 +1631,11 @@ static bool write_batch(struct qcow2 *q, struct bio *bio)
 	}
 	bio_list_add_head(&held, bio);
 	r = fresh_range(q, pb->vcluster, nr);
-	if (r < 0)
+	if (r < 0) {
 		end_held(q, &held, NULL, 0, r);
-	if (r < 0 || (r > 0 &&
-		      write_fresh_held(q, &held, nr_held, pb->vcluster, nr)))
+		return true;
+	}
+	if (r > 0 && write_fresh_held(q, &held, nr_held, pb->vcluster, nr))
 		return true;
 	bio_list_pop(&held);
 	while ((b = bio_list_pop(&held))) {
